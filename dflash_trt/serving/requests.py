@@ -1,0 +1,148 @@
+"""Validation of generation requests, independent of Triton (tensors arrive as numpy arrays).
+
+The ensemble keeps TensorRT-LLM's tensor names so that existing clients work unchanged. Every
+user mistake becomes an `InvalidRequest` whose message names the tensor and the bad value; the
+model turns it into an error response and stays healthy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dflash_trt.errors import DFlashError
+
+# name -> (numpy dtype kinds accepted, Triton type, required)
+INPUTS = {
+    "text_input": ("OSU", "TYPE_STRING", True),
+    "max_tokens": ("iu", "TYPE_INT32", True),
+    "stream": ("b", "TYPE_BOOL", False),
+    "temperature": ("f", "TYPE_FP32", False),
+    "top_k": ("iu", "TYPE_INT32", False),
+    "top_p": ("f", "TYPE_FP32", False),
+    "seed": ("iu", "TYPE_UINT64", False),
+    "stop_words": ("OSU", "TYPE_STRING", False),
+    "end_id": ("iu", "TYPE_INT32", False),
+    "exclude_input_in_output": ("b", "TYPE_BOOL", False),
+}
+OUTPUTS = {
+    "text_output": "TYPE_STRING",
+    "num_output_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "acceptance_rate": "TYPE_FP32",
+    "finish_reason": "TYPE_STRING",
+}
+
+
+class InvalidRequest(DFlashError):
+    """A request that the model refuses; the message goes back to the client."""
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a deployment accepts; rendered into the model configs by `dflash-trt repo`."""
+
+    max_tokens: int = 4096
+    max_context_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request. `end_id` None means the model's own end-of-sequence tokens."""
+
+    text: str
+    max_tokens: int
+    stream: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_words: tuple[str, ...] = ()
+    end_id: int | None = None
+    exclude_input_in_output: bool = False
+
+
+def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits) -> GenerationRequest:
+    """Validate the ensemble's inputs (absent optional inputs map to None or are missing)."""
+    unknown = sorted(set(arrays) - set(INPUTS) - {"input_ids"})
+    if unknown:
+        raise InvalidRequest(f"unknown input tensor(s): {', '.join(unknown)}")
+    for name, (kinds, triton_type, required) in INPUTS.items():
+        array = arrays.get(name)
+        if array is None:
+            if required:
+                raise InvalidRequest(f"missing required input '{name}'")
+            continue
+        if np.asarray(array).dtype.kind not in kinds:
+            raise InvalidRequest(f"input '{name}' must be {triton_type[5:]}, got {np.asarray(array).dtype}")
+    text = decode_text(scalar(arrays, "text_input"), "text_input")
+    if not text.strip():
+        raise InvalidRequest("text_input is empty")
+    request = GenerationRequest(
+        text=text,
+        max_tokens=int(scalar(arrays, "max_tokens")),
+        stream=bool(scalar(arrays, "stream", False)),
+        temperature=float(scalar(arrays, "temperature", 0.0)),
+        top_k=int(scalar(arrays, "top_k", 0)),
+        top_p=float(scalar(arrays, "top_p", 1.0)),
+        seed=_optional_int(scalar(arrays, "seed", None)),
+        stop_words=parse_stop_words(arrays.get("stop_words")),
+        end_id=_optional_int(scalar(arrays, "end_id", None)),
+        exclude_input_in_output=bool(scalar(arrays, "exclude_input_in_output", False)),
+    )
+    validate_sampling(request, limits)
+    return request
+
+
+def validate_sampling(request: GenerationRequest, limits: RequestLimits) -> None:
+    if not 1 <= request.max_tokens <= limits.max_tokens:
+        raise InvalidRequest(f"max_tokens must be in [1, {limits.max_tokens}], got {request.max_tokens}")
+    if not np.isfinite(request.temperature) or request.temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0, got {request.temperature}")
+    if not (0.0 < request.top_p <= 1.0):
+        raise InvalidRequest(f"top_p must be in (0, 1], got {request.top_p}")
+    if request.top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0, got {request.top_k}")
+    if request.end_id is not None and request.end_id < 0:
+        raise InvalidRequest(f"end_id must be >= 0, got {request.end_id}")
+
+
+def validate_prompt_length(num_prompt_tokens: int, max_tokens: int, limits: RequestLimits) -> None:
+    if num_prompt_tokens + max_tokens > limits.max_context_tokens:
+        raise InvalidRequest(
+            f"prompt of {num_prompt_tokens} tokens plus max_tokens={max_tokens} exceeds the model's "
+            f"context of {limits.max_context_tokens} tokens"
+        )
+
+
+def scalar(arrays: dict, name: str, default=None):
+    """The single element of an input of shape [1] (or [1, 1] with a batch dimension)."""
+    array = arrays.get(name)
+    if array is None:
+        return default
+    flat = np.asarray(array).reshape(-1)
+    if flat.size != 1:
+        raise InvalidRequest(f"input '{name}' must hold exactly one element, got shape {list(np.shape(array))}")
+    return flat[0].item() if hasattr(flat[0], "item") else flat[0]
+
+
+def decode_text(value, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidRequest(f"{name} is not valid UTF-8 (byte {error.start})") from None
+    return str(value)
+
+
+def parse_stop_words(array) -> tuple[str, ...]:
+    if array is None:
+        return ()
+    words = tuple(decode_text(v, "stop_words") for v in np.asarray(array, dtype=object).reshape(-1))
+    return tuple(w for w in words if w)
+
+
+def _optional_int(value):
+    return None if value is None else int(value)

@@ -1,0 +1,102 @@
+"""The tritonserver launcher: readiness, load failures reported instead of hangs, stub installation."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dflash_trt.serving.server import TritonServer, load_errors
+from dflash_trt.serving.triton_home import STUB_NAME, ServerError, install_python_stub, server_env
+
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+"""
+ECHO = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0]
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text + b"!"], dtype=object))]))
+        return responses
+"""
+
+
+def make_repo(root: Path, name: str, model_py: str) -> Path:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (root / name / "1" / "model.py").write_text(model_py)
+    return root
+
+
+def infer(server, name, text):
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "BYTES", "data": [text]}]}).encode()
+    request = urllib.request.Request(f"{server.config.http_url}/v2/models/{name}/infer", data=body)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["outputs"][0]["data"][0]
+
+
+def test_serves_a_trivial_python_model_and_stops_cleanly(tmp_path, server_config):
+    with TritonServer(server_config(make_repo(tmp_path, "echo", ECHO), ready_timeout_s=60)) as server:
+        assert infer(server, "echo", "hi") == "hi!"
+    assert server.returncode is not None
+
+
+def test_load_failure_reports_the_models_error_without_waiting(tmp_path, server_config):
+    repo = make_repo(tmp_path, "broken", "import module_that_does_not_exist\n")
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="module_that_does_not_exist"):
+        with TritonServer(server_config(repo, ready_timeout_s=60)):
+            pass
+    assert time.monotonic() - start < 30
+
+
+def test_gives_up_after_the_ready_timeout_and_stops_the_server(tmp_path, server_config):
+    slow = "import time\nclass TritonPythonModel:\n    def initialize(self, args):\n        time.sleep(120)\n"
+    server = TritonServer(server_config(make_repo(tmp_path, "slow", slow), ready_timeout_s=3, exit_timeout_s=2))
+    with pytest.raises(ServerError, match="not ready after 3 s"):
+        with server:
+            pass
+    assert server.returncode is not None
+
+
+def test_load_errors_picks_the_failure_lines():
+    log = "I0 loading: dflash:1\nE1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\"\nI2 other\n"
+    assert load_errors(log) == ["E1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\""]
+
+
+def test_stub_installation_is_idempotent(tmp_path):
+    stub = tmp_path / "python_backend_stubs" / "3.11" / STUB_NAME
+    stub.parent.mkdir(parents=True)
+    stub.write_bytes(b"\x7fELF stub")
+    (tmp_path / "backends" / "python").mkdir(parents=True)
+    installed = install_python_stub(tmp_path, "3.11")
+    assert installed.read_bytes() == b"\x7fELF stub" and os.access(installed, os.X_OK)
+    first_mtime = installed.stat().st_mtime_ns
+    install_python_stub(tmp_path, "3.11")
+    assert installed.stat().st_mtime_ns == first_mtime
+
+
+def test_missing_stub_names_the_available_versions(tmp_path):
+    (tmp_path / "python_backend_stubs" / "3.12").mkdir(parents=True)
+    with pytest.raises(ServerError, match=r"no Python backend stub for Python 3.9 \(available: 3.12\)"):
+        install_python_stub(tmp_path, "3.9")
+
+
+def test_environment_puts_this_interpreter_first():
+    import sysconfig
+
+    env = server_env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/lib"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[:2] == [sysconfig.get_config_var("LIBDIR"), "/opt/lib"]

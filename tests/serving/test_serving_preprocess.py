@@ -1,0 +1,40 @@
+"""Prompt preparation: verbatim text or a chat template, and the context limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_trt.serving.preprocess import Preprocessor
+from dflash_trt.serving.requests import GenerationRequest, InvalidRequest, RequestLimits
+
+
+def test_plain_text_is_tokenized_verbatim(smollm2_tokenizer):
+    pre = Preprocessor(smollm2_tokenizer, RequestLimits())
+    ids = pre.prompt_ids(GenerationRequest(text="Hello world", max_tokens=4))
+    assert ids == smollm2_tokenizer.encode("Hello world")
+
+
+def test_model_chat_template_wraps_the_text_as_a_user_turn(smollm2_tokenizer):
+    pre = Preprocessor(smollm2_tokenizer, RequestLimits(), chat_template="model")
+    text = smollm2_tokenizer.decode(pre.prompt_ids(GenerationRequest(text="Hello world", max_tokens=4)))
+    assert "<|im_start|>user\nHello world<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_literal_template_is_used_as_given(smollm2_tokenizer):
+    pre = Preprocessor(smollm2_tokenizer, RequestLimits(), chat_template="Q: {{ messages[0]['content'] }}\nA:")
+    ids = pre.prompt_ids(GenerationRequest(text="why?", max_tokens=4))
+    assert smollm2_tokenizer.decode(ids) == "Q: why?\nA:"
+
+
+def test_rejects_a_prompt_longer_than_the_context(smollm2_tokenizer):
+    pre = Preprocessor(smollm2_tokenizer, RequestLimits(max_tokens=16, max_context_tokens=32))
+    with pytest.raises(InvalidRequest, match="exceeds the model's context of 32 tokens"):
+        pre.prompt_ids(GenerationRequest(text="word " * 40, max_tokens=4))
+
+
+def test_rejects_a_prompt_that_leaves_no_room_for_max_tokens(smollm2_tokenizer):
+    pre = Preprocessor(smollm2_tokenizer, RequestLimits(max_tokens=16, max_context_tokens=32))
+    pre.prompt_ids(GenerationRequest(text="word " * 10, max_tokens=4))
+    with pytest.raises(InvalidRequest, match="plus max_tokens=16"):
+        pre.prompt_ids(GenerationRequest(text="word " * 20, max_tokens=16))
