@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean
+.PHONY: help setup test test-fast demo clean helm-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ test: setup ## Run the whole test suite (slow tests included)
 
 test-fast: setup ## Run the tests without the slow ones
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+helm-check: setup ## Lint and render the Helm chart offline, validate its manifests, check the images (tests/deploy)
+	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
 
 demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + its DFlash drafter)
 	$(BIN)/dflash-trt demo
