@@ -1,7 +1,7 @@
 """Facts of the rendered Deployment: GPUs, shared memory, probes, ports, storage modes, CPU profile."""
 
 import pytest
-from conftest import container, only, pod_spec, profile_values, render
+from chart_render import container, only, pod_spec, profile_values, render
 
 GPU = "nvidia.com/gpu"
 

@@ -3,7 +3,7 @@
 import re
 
 import yaml
-from conftest import CHART, kinds, only, profile_values, render
+from chart_render import CHART, kinds, only, profile_values, render
 
 
 def test_no_hpa_unless_enabled():

@@ -1,7 +1,7 @@
 """`helm lint --strict` passes for every value set the project ships."""
 
 import pytest
-from conftest import CHART, KUBE_VERSION, PROFILES, helm, profile_values
+from chart_render import CHART, KUBE_VERSION, PROFILES, helm, profile_values
 
 WARNING = 2  # lint severities: 1 info, 2 warning, 3 error; strict turns warnings into failures
 
@@ -17,3 +17,4 @@ def test_chart_lints_strictly_for_each_profile(profile):
 def test_lint_reports_values_the_schema_rejects():
     report = helm.lint(CHART, {"tensorParallel": 3}, strict=True, kube_version=f"v{KUBE_VERSION}")
     assert any("tensorParallel" in error for error in report["errors"])
+

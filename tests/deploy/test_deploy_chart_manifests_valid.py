@@ -1,7 +1,7 @@
 """Every rendered manifest is valid for a current Kubernetes (kubernetes-validate, strict: no unknown fields)."""
 
 import pytest
-from conftest import KUBE_VERSION, PROFILES, profile_values, render
+from chart_render import KUBE_VERSION, PROFILES, profile_values, render
 
 utils = pytest.importorskip("kubernetes_validate.utils")
 

@@ -1,6 +1,6 @@
 """The PodDisruptionBudget protects the server pods from voluntary disruptions."""
 
-from conftest import kinds, only, profile_values, render
+from chart_render import kinds, only, profile_values, render
 
 
 def test_pdb_allows_one_pod_down_by_default():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import yaml
-from conftest import CHART, PROFILES, helm, profile_values
+from chart_render import CHART, PROFILES, helm, profile_values
 
 BAD_VALUES = {
     "tensorParallel 3": ({"tensorParallel": 3}, "tensorParallel"),

@@ -1,6 +1,6 @@
 """The Service exposes Triton's three ports (and the OpenAI gateway when enabled) to the server pods only."""
 
-from conftest import only, pod_spec, profile_values, render
+from chart_render import only, pod_spec, profile_values, render
 
 
 def _ports(service):
