@@ -64,12 +64,17 @@ class GenerationRequest:
     exclude_input_in_output: bool = False
 
 
-def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits) -> GenerationRequest:
-    """Validate the ensemble's inputs (absent optional inputs map to None or are missing)."""
-    unknown = sorted(set(arrays) - set(INPUTS) - {"input_ids"})
+def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
+                  with_text: bool = True) -> GenerationRequest:
+    """Validate the ensemble's inputs (absent optional inputs map to None or are missing).
+
+    with_text=False validates everything but text_input (the dflash model gets token ids instead).
+    """
+    inputs = INPUTS if with_text else {k: v for k, v in INPUTS.items() if k != "text_input"}
+    unknown = sorted(set(arrays) - set(inputs) - {"input_ids"})
     if unknown:
         raise InvalidRequest(f"unknown input tensor(s): {', '.join(unknown)}")
-    for name, (kinds, triton_type, required) in INPUTS.items():
+    for name, (kinds, triton_type, required) in inputs.items():
         array = arrays.get(name)
         if array is None:
             if required:
@@ -77,9 +82,11 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits) -
             continue
         if np.asarray(array).dtype.kind not in kinds:
             raise InvalidRequest(f"input '{name}' must be {triton_type[5:]}, got {np.asarray(array).dtype}")
-    text = decode_text(scalar(arrays, "text_input"), "text_input")
-    if not text.strip():
-        raise InvalidRequest("text_input is empty")
+    text = ""
+    if with_text:
+        text = decode_text(scalar(arrays, "text_input"), "text_input")
+        if not text.strip():
+            raise InvalidRequest("text_input is empty")
     request = GenerationRequest(
         text=text,
         max_tokens=int(scalar(arrays, "max_tokens")),
@@ -94,6 +101,25 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits) -
     )
     validate_sampling(request, limits)
     return request
+
+
+def parse_token_request(arrays: dict[str, np.ndarray], limits: RequestLimits,
+                        vocab_size: int | None = None) -> tuple[GenerationRequest, list[int]]:
+    """The dflash model's inputs: prompt token ids (`input_ids`) plus the generation parameters."""
+    ids = arrays.get("input_ids")
+    if ids is None:
+        raise InvalidRequest("missing required input 'input_ids'")
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise InvalidRequest(f"input 'input_ids' must be INT32, got {ids.dtype}")
+    prompt_ids = [int(i) for i in ids.reshape(-1)]
+    if not prompt_ids:
+        raise InvalidRequest("input_ids is empty")
+    if vocab_size is not None and not all(0 <= i < vocab_size for i in prompt_ids):
+        raise InvalidRequest(f"input_ids must be in [0, {vocab_size})")
+    request = parse_request(arrays, limits, with_text=False)
+    validate_prompt_length(len(prompt_ids), request.max_tokens, limits)
+    return request, prompt_ids
 
 
 def validate_sampling(request: GenerationRequest, limits: RequestLimits) -> None:

@@ -1,0 +1,68 @@
+"""Reference KV-injected draft attention: the semantics the C++/CUDA plugin implements.
+
+One call covers steps 3-5 of a draft layer (see the plugin README): RoPE at absolute positions, append the
+new context K/V to the persistent per-sequence cache, then non-causal GQA attention of the block's queries
+over [cached context ; block].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .rope import RotaryEmbedding
+
+
+def draft_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_k: torch.Tensor,
+    ctx_v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    cache_lens: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    rope: RotaryEmbedding,
+) -> torch.Tensor:
+    """Attention of a draft block over its sequence's context.
+
+    q [B,S,Hq,Dh] block queries (after q_norm, before RoPE); k, v [B,S,Hkv,Dh] block keys/values;
+    ctx_k, ctx_v [B,C,Hkv,Dh] new context rows (rows >= ctx_lens[b] are padding);
+    cache_k, cache_v [B,Hkv,Cmax,Dh] RoPE'd context keys/values, written in place at rows
+    [cache_lens[b], cache_lens[b] + ctx_lens[b]); cache_lens, ctx_lens [B] int64.
+    Context row i of sequence b sits at position cache_lens[b] + i; block slot j at cache_lens[b] +
+    ctx_lens[b] + j. Returns [B,S,Hq,Dh] in q's dtype.
+    """
+    batch, block_size, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    num_ctx = ctx_k.shape[1]
+    device = q.device
+    total_lens = cache_lens + ctx_lens
+
+    ctx_pos = cache_lens[:, None] + torch.arange(num_ctx, device=device)[None, :]
+    block_pos = total_lens[:, None] + torch.arange(block_size, device=device)[None, :]
+    cos, sin = rope.cos_sin(ctx_pos)
+    ctx_k = rope.apply(ctx_k, cos[:, :, None, :], sin[:, :, None, :])
+    cos, sin = rope.cos_sin(block_pos)
+    q = rope.apply(q, cos[:, :, None, :], sin[:, :, None, :])
+    k = rope.apply(k, cos[:, :, None, :], sin[:, :, None, :])
+
+    for b in range(batch):  # ragged append: each sequence has its own cache length
+        start, count = int(cache_lens[b]), int(ctx_lens[b])
+        if count:
+            cache_k[b, :, start:start + count] = ctx_k[b, :count].transpose(0, 1).to(cache_k.dtype)
+            cache_v[b, :, start:start + count] = ctx_v[b, :count].transpose(0, 1).to(cache_v.dtype)
+
+    num_cached = int(total_lens.max()) if batch else 0
+    keys = torch.cat((cache_k[:, :, :num_cached].float(), k.transpose(1, 2).float()), dim=2)
+    values = torch.cat((cache_v[:, :, :num_cached].float(), v.transpose(1, 2).float()), dim=2)
+    group = num_heads // num_kv_heads
+    keys = keys.repeat_interleave(group, dim=1)  # query head h reads KV head h // group
+    values = values.repeat_interleave(group, dim=1)
+
+    scores = torch.matmul(q.transpose(1, 2).float(), keys.transpose(-1, -2)) * head_dim ** -0.5
+    cached_valid = torch.arange(num_cached, device=device)[None, :] < total_lens[:, None]
+    valid = torch.cat((cached_valid, torch.ones(batch, block_size, dtype=torch.bool, device=device)), dim=1)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [B,Hq,S,Dh]
+    return out.transpose(1, 2).to(q.dtype)

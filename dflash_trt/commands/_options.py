@@ -1,0 +1,89 @@
+"""Options shared by the commands that run a target with a drafter."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import DFlashError
+from ..sampling import SamplingParams
+
+
+def int_list(text: str) -> list[int]:
+    """Parse '1,2,3' into [1, 2, 3]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model: Hugging Face directory or .gguf file")
+    parser.add_argument("--drafter", help="DFlash drafter directory (omit for plain autoregressive decoding)")
+    parser.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="compute dtype (default: float32, exact on CPU)")
+    parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    defaults = SamplingParams()
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="0 = off (default)")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p, help="1.0 = off (default)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--stop-ids", type=int_list, help="stop token ids, e.g. 7,9 (default: the target's EOS)")
+
+
+def load_pair(args):
+    """(TargetModel, drafter or None) from --target/--drafter."""
+    import torch
+
+    from ..drafter import load_drafter
+    from ..target import load_target
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
+    dtype = getattr(torch, args.dtype)
+    target = load_target(args.target, dtype=dtype)
+    drafter = load_drafter(args.drafter, dtype=dtype) if args.drafter else None
+    if drafter is not None:
+        target.check_drafter(drafter.config)
+    if args.block_size is not None and args.block_size > 1 and drafter is None:
+        raise DFlashError("--block-size > 1 needs --drafter")
+    return target, drafter
+
+
+def default_stop_ids(target) -> list[int]:
+    """EOS ids of the target's generation config (or tokenizer), the usual stop tokens."""
+    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    if eos is None and target.tokenizer is not None:
+        eos = target.tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def sampling_params(args, target) -> SamplingParams:
+    stop_ids = args.stop_ids if args.stop_ids is not None else default_stop_ids(target)
+    return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(stop_ids))
+
+
+def encode_prompt(target, text: str, chat: bool) -> list[int]:
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise DFlashError(f"{target.source} has no tokenizer: pass token ids instead of text")
+    if chat:
+        if not tokenizer.chat_template:
+            raise DFlashError(f"{target.source}: the tokenizer has no chat template (drop --chat)")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer.encode(text)
+
+
+def decode_tokens(target, token_ids: list[int]) -> str | None:
+    if target.tokenizer is None:
+        return None
+    return target.tokenizer.decode(token_ids, skip_special_tokens=False)

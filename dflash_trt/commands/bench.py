@@ -1,0 +1,49 @@
+"""`dflash-trt bench`: tau, decode-phase speedup vs block_size 1, and output identity on a prompt file."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ._options import add_model_options, encode_prompt, int_list, load_pair, sampling_params
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="measure tau and speedup against plain decoding",
+                                   description="Run every prompt with DFlash and with block size 1, "
+                                               "interleaved, and compare.")
+    add_model_options(parser)
+    parser.add_argument("--prompts", required=True, help="prompt file: one per line, or JSON lines with 'prompt'")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--limit", type=int, help="use only the first N prompts")
+    parser.add_argument("--stop-ids", type=int_list, help="stop token ids (default: the target's EOS)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run, temperature=0.0, top_k=0, top_p=1.0, seed=None)
+
+
+def run(args) -> int:
+    from ..bench import load_prompts, run_benchmark
+    from ..errors import DFlashError
+
+    records = load_prompts(args.prompts)[: args.limit]
+    target, drafter = load_pair(args)
+    if drafter is None:
+        raise DFlashError("bench needs --drafter (it compares DFlash with plain decoding)")
+    prompts = [encode_prompt(target, r.prompt, args.chat) for r in records]
+
+    def progress(done, total, report):
+        print(f"\r[{done}/{total}] tau {report.tau:.2f}", end="", file=sys.stderr, flush=True)
+
+    report = run_benchmark(target, drafter, prompts, sampling_params(args, target), args.block_size, progress)
+    print(file=sys.stderr)
+    summary = report.to_dict()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"prompts {summary['num_prompts']}, block size {summary['block_size']}")
+        print(f"tau {summary['tau']:.2f}   speedup {summary['speedup']:.2f}x   "
+              f"TPOT {summary['tpot_ms']['dflash']:.1f} ms vs {summary['tpot_ms']['baseline']:.1f} ms   "
+              f"identical outputs: {'yes' if summary['identical'] else 'NO'}")
+        print("acceptance length histogram: " +
+              " ".join(f"{k}:{v}" for k, v in summary["acceptance_histogram"].items()))
+    return 0

@@ -1,0 +1,49 @@
+"""`dflash-trt engine`: build an engine directory for a preset (the same as `make engine`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, QUANTS, RUNTIMES
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "engine", help="build an engine directory for a model preset",
+        description="Resolve the preset's checkpoints (never downloads), validate the pair, plan parallelism, "
+                    "quantize, write the runtime's artifacts and manifest.json.")
+    parser.add_argument("--model", default=DEFAULT_PRESET, help=f"preset name or .yaml file (default: {DEFAULT_PRESET})")
+    add_layout_arguments(parser)
+    parser.add_argument("--runtime", choices=RUNTIMES, help="runtime (default: the preset's)")
+    parser.add_argument("--quant", choices=QUANTS, help="quantization (default: the preset's)")
+    parser.add_argument("--out", type=Path, help="engine directory (default: engines/<preset>[-<setting>...])")
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and touch nothing")
+    parser.set_defaults(func=run)
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the preset's)")
+    parser.add_argument("--ep", type=int, help="expert-parallel size for MoE targets (default: the preset's)")
+    parser.add_argument("--gpu", choices=GPUS, help="GPU the plan budgets for (default: the preset's)")
+    parser.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV-cache dtype (default: the preset's)")
+    parser.add_argument("--memory-fraction", type=float,
+                        help="fraction of free GPU memory given to the KV cache (default: the preset's)")
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoints-dir", type=Path,
+                        help="where downloaded checkpoints live (<dir>/<org>/<name>), besides the HF cache")
+    parser.add_argument("--target", type=Path, help="target checkpoint directory or .gguf file (overrides the preset)")
+    parser.add_argument("--drafter", type=Path, help="drafter checkpoint directory (overrides the preset)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.build import BuildRequest, build_engine
+
+    build_engine(BuildRequest(
+        model=args.model, tp=args.tp, ep=args.ep, runtime=args.runtime, quant=args.quant, kv_dtype=args.kv_dtype,
+        gpu=args.gpu, memory_fraction=args.memory_fraction, out=args.out, target=args.target, drafter=args.drafter,
+        checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run), log=lambda line: print(line, flush=True))
+    return 0

@@ -1,0 +1,38 @@
+"""`dflash-trt plan`: divisibility checks and the per-GPU memory budget of a preset's pair."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..engine.presets import DEFAULT_PRESET
+from .engine import add_checkpoint_arguments, add_layout_arguments
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="check a parallel layout and print the per-GPU memory budget",
+        description="Reads only config.json files: `hf download <id> config.json` is enough to plan.")
+    parser.add_argument("--model", default=DEFAULT_PRESET, help=f"preset name or .yaml file (default: {DEFAULT_PRESET})")
+    add_layout_arguments(parser)
+    parser.add_argument("--seq-len", type=int, help="sequence length for tokens in flight (default: the preset's "
+                                                    "max_seq_len)")
+    add_checkpoint_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import DrafterConfig
+    from ..engine.arch import read_target_arch
+    from ..engine.planner import format_plan, plan_parallelism
+    from ..engine.presets import load_preset
+    from ..engine.resolve import resolve_checkpoint
+
+    preset = load_preset(args.model).with_overrides(tp=args.tp, ep=args.ep, gpu=args.gpu, kv_dtype=args.kv_dtype,
+                                                    memory_fraction=args.memory_fraction)
+    target = resolve_checkpoint("target", preset.target, args.target, args.checkpoints_dir, require_weights=False)
+    drafter = resolve_checkpoint("drafter", preset.drafter, args.drafter, args.checkpoints_dir, require_weights=False)
+    plan = plan_parallelism(preset.name, read_target_arch(target.path), DrafterConfig.from_file(drafter.path /
+                            "config.json"), preset.tp, preset.ep, preset.gpu, preset.kv_dtype, preset.memory_fraction,
+                            preset.dtype, preset.quant, args.seq_len or preset.max_seq_len)
+    print(format_plan(plan))
+    return 0

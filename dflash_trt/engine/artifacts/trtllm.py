@@ -1,0 +1,84 @@
+"""The trtllm runtime's artifact: TensorRT-LLM LLM-API options (YAML) with native DFlash speculation.
+
+The file is the `--config` of `trtllm-serve <target>` and the keyword arguments of `LLM(model=<target>,
+**options)`; the target path itself lives in the manifest. TensorRT-LLM >= 1.3 builds nothing ahead of
+time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
+needs TensorRT-LLM here is checking the options against the installed version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...config import DrafterConfig
+from ...errors import ConfigError
+from ..arch import TargetArch
+from ..needs import StepUnavailable, has_module
+from ..presets import Preset
+from .trtllm_schema import TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
+
+OPTIONS_NAME = "trtllm/llm_api_options.yaml"
+BLACKWELL = ("b200", "b300")
+
+
+def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path) -> dict[str, Any]:
+    """LLM-API keyword arguments for the pair (field names of TensorRT-LLM TRTLLM_VERSION)."""
+    if preset.draft_attention_backend != "VANILLA" and preset.gpu not in BLACKWELL:
+        raise ConfigError(f"draft_attention_backend {preset.draft_attention_backend} needs a Blackwell GPU "
+                          f"(b200, b300), the plan is for {preset.gpu}; use VANILLA")
+    options: dict[str, Any] = {
+        "tensor_parallel_size": preset.tp,
+        "dtype": preset.dtype,
+        "max_batch_size": preset.max_batch_size,
+        "max_seq_len": preset.max_seq_len,
+        "kv_cache_config": {
+            # "auto" keeps the model dtype (bf16); fp8 halves the cache.
+            "dtype": "fp8" if preset.kv_dtype == "fp8" else "auto",
+            "free_gpu_memory_fraction": float(preset.memory_fraction),
+        },
+        "cuda_graph_config": {
+            "batch_sizes": [b for b in preset.cuda_graph_batch_sizes if b <= preset.max_batch_size],
+            "enable_padding": True,
+        },
+        "speculative_config": {
+            "decoding_type": "DFlash",
+            # A block is [last committed token, MASK x (block_size - 1)]: block_size - 1 drafts per step.
+            "max_draft_len": preset.max_draft_len,
+            "speculative_model": str(drafter_path),
+            "target_layer_ids": list(drafter.target_layer_ids),
+            "mask_token_id": drafter.mask_token_id,
+            "attention_backend": preset.draft_attention_backend,
+        },
+    }
+    if arch.is_moe:
+        options["moe_expert_parallel_size"] = preset.ep
+        options["moe_config"] = {"backend": preset.moe_backend}
+    problems = schema_problems(options)
+    if problems:  # a bug here, not a user error: the options must always fit the schema
+        raise AssertionError(f"trtllm options break the {TRTLLM_VERSION} schema: {problems}")
+    return options
+
+
+def write_options(options: dict[str, Any], path: Path, target: str) -> None:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# TensorRT-LLM LLM-API options (fields of TensorRT-LLM {TRTLLM_VERSION}, {TRTLLM_SOURCE}).\n"
+              f"# Serve: trtllm-serve {target} --backend pytorch --config {path.name}\n")
+    path.write_text(header + yaml.safe_dump(options, sort_keys=False))
+
+
+def check_with_trtllm(options: dict[str, Any], target: Path) -> str:
+    """Validate the options with the installed TensorRT-LLM; returns its version."""
+    if not has_module("tensorrt_llm"):
+        raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {TRTLLM_VERSION.split('rc')[0]}")
+    import tensorrt_llm
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    try:
+        TorchLlmArgs(model=str(target), **options)
+    except Exception as exc:  # pydantic's ValidationError and TensorRT-LLM's own checks
+        raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} rejects the options: "
+                          f"{' '.join(str(exc).split())[:400]}") from None
+    return tensorrt_llm.__version__

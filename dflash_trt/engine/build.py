@@ -1,0 +1,220 @@
+"""`dflash-trt engine`: resolve -> validate -> plan -> quantize -> runtime artifacts -> manifest.
+
+Every step prints progress and is idempotent (an unchanged step is skipped on the next run). A step this
+machine cannot run (no GPU, TensorRT or TensorRT-LLM) is recorded; everything else is still built, the
+manifest lists the pending steps, and the build ends with one error line naming what is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import DrafterConfig
+from ..errors import ConfigError
+from . import steps
+from .arch import TargetArch, read_target_arch
+from .artifacts import drafter_onnx, trtllm
+from .compat import check_compatible
+from .manifest import MANIFEST_NAME, write_manifest
+from .needs import StepUnavailable
+from .planner import Plan, format_plan, plan_parallelism
+from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
+from .quantize import QUANT_STATE_NAME, check_quant, quantize_target
+from .resolve import ResolvedCheckpoint, resolve_checkpoint
+
+NUM_STEPS = 6
+SINGLE_DEVICE_RUNTIMES = ("torch", "onnx", "tensorrt")
+
+
+@dataclass
+class BuildRequest:
+    """What the user asked for; None keeps the preset's value."""
+
+    model: str = DEFAULT_PRESET
+    tp: int | None = None
+    ep: int | None = None
+    runtime: str | None = None
+    quant: str | None = None
+    kv_dtype: str | None = None
+    gpu: str | None = None
+    memory_fraction: float | None = None
+    out: Path | None = None
+    target: Path | None = None
+    drafter: Path | None = None
+    checkpoints_dir: Path | None = None
+    dry_run: bool = False
+
+
+@dataclass
+class BuildResult:
+    engine_dir: Path
+    preset: Preset
+    plan: Plan
+    warnings: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None  # None for a dry run
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Pair:
+    target: ResolvedCheckpoint
+    drafter: ResolvedCheckpoint
+    arch: TargetArch
+    drafter_config: DrafterConfig
+
+
+def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> BuildResult:
+    """Build (or, with dry_run, only plan) the engine for a preset. Raises DFlashError on failure."""
+    preset = _preset(request)
+    engine_dir = Path(request.out) if request.out else default_engine_dir(preset, request)
+    progress = steps.Progress(NUM_STEPS, log)
+
+    progress.step("resolve checkpoints")
+    pair = _resolve(preset, request, log)
+    progress.step("validate the pair")
+    warnings = _validate(preset, pair, log)
+    progress.step("plan parallelism")
+    plan = plan_parallelism(preset.name, pair.arch, pair.drafter_config, preset.tp, preset.ep, preset.gpu,
+                            preset.kv_dtype, preset.memory_fraction, preset.dtype, preset.quant, preset.max_seq_len)
+    for line in format_plan(plan).splitlines():
+        log("  " + line)
+    if request.dry_run:
+        _describe_rest(preset, engine_dir, progress)
+        return BuildResult(engine_dir, preset, plan, warnings)
+
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    (engine_dir / MANIFEST_NAME).unlink(missing_ok=True)  # the engine is unusable until the build completes
+    pending = steps.Pending()
+    artifacts = _build_runtime(preset, pair, engine_dir, progress, pending)
+    progress.step("write manifest.json")
+    manifest = write_manifest(engine_dir, _manifest_fields(preset, pair, plan, warnings, artifacts, pending))
+    log(f"  {engine_dir / MANIFEST_NAME} ({len(manifest['files'])} files hashed)")
+    error = pending.first_error()
+    if error is not None:
+        raise error
+    log(f"engine ready: {engine_dir}")
+    return BuildResult(engine_dir, preset, plan, warnings, manifest, pending.items)
+
+
+def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
+    """engines/<preset>, with a suffix for each build setting that differs from the preset's."""
+    base = load_preset(request.model)
+    name = preset.name
+    if preset.runtime != base.runtime:
+        name += f"-{preset.runtime}"
+    if preset.tp != base.tp:
+        name += f"-tp{preset.tp}"
+    if preset.quant != base.quant:
+        name += f"-{preset.quant}"
+    return REPO_ROOT / "engines" / name
+
+
+def _preset(request: BuildRequest) -> Preset:
+    preset = load_preset(request.model).with_overrides(
+        tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
+        gpu=request.gpu, memory_fraction=request.memory_fraction)
+    if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
+        raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
+                          "--runtime trtllm")
+    return preset
+
+
+def _resolve(preset: Preset, request: BuildRequest, log: Callable[[str], None]) -> _Pair:
+    need_weights = not request.dry_run
+    target = resolve_checkpoint("target", preset.target, request.target, request.checkpoints_dir, need_weights)
+    drafter = resolve_checkpoint("drafter", preset.drafter, request.drafter, request.checkpoints_dir, need_weights)
+    for found in (target, drafter):
+        log(f"  {found.role}: {found.id} -> {found.path} ({found.found_in})")
+    return _Pair(target, drafter, read_target_arch(target.path), DrafterConfig.from_file(drafter.path / "config.json"))
+
+
+def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[str]:
+    check_quant(preset.quant, pair.arch, preset.runtime, preset.target.id)
+    warnings = check_compatible(pair.arch, pair.drafter_config, preset.block_size,
+                                f"{preset.drafter.id} with {preset.target.id}", preset.max_seq_len)
+    d = pair.drafter_config
+    log(f"  compatible: vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
+        f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
+    for warning in warnings:
+        log(f"  warning: {warning}")
+    return warnings
+
+
+def _describe_rest(preset: Preset, engine_dir: Path, progress: steps.Progress) -> None:
+    progress.step(f"prepare the target, quantize ({preset.quant})")
+    progress.step(f"write {preset.runtime} artifacts")
+    for name in _planned_outputs(preset):
+        progress.log(f"  would write {engine_dir / name}")
+    progress.step("write manifest.json")
+    progress.log(f"  would write {engine_dir / MANIFEST_NAME}")
+    progress.log("dry run: nothing was written")
+
+
+def _planned_outputs(preset: Preset) -> list[str]:
+    if preset.runtime == "trtllm":
+        return ["target (link)", "drafter (link)", trtllm.OPTIONS_NAME]
+    outputs = ["target/", "drafter/"]
+    if preset.quant in ("fp8", "nvfp4"):
+        outputs.append(QUANT_STATE_NAME)
+    if preset.runtime in ("onnx", "tensorrt"):
+        outputs.append(drafter_onnx.ONNX_NAME)
+    if preset.runtime == "tensorrt":
+        outputs.append(drafter_onnx.PLAN_NAME)
+    return outputs
+
+
+def _build_runtime(preset: Preset, pair: _Pair, engine_dir: Path, progress: steps.Progress,
+                   pending: steps.Pending) -> dict[str, str]:
+    if preset.runtime == "trtllm":
+        from .build_trtllm import build_trtllm
+
+        return build_trtllm(preset, pair, engine_dir, progress, pending)
+    from .build_local import build_local
+
+    return build_local(preset, pair, engine_dir, progress, pending)
+
+
+def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str], artifacts: dict[str, str],
+                     pending: steps.Pending) -> dict[str, Any]:
+    d = pair.drafter_config
+    return {
+        "name": preset.name,
+        "runtime": preset.runtime,
+        "preset": {"name": preset.name, "source": preset.source, **{k: v for k, v in asdict(preset).items()
+                                                                    if k not in ("name", "source")}},
+        "target": {"id": preset.target.id, "source": str(pair.target.path), "path": "target"},
+        "drafter": {"id": preset.drafter.id, "source": str(pair.drafter.path), "path": "drafter"},
+        "tp": preset.tp,
+        "ep": preset.ep,
+        "dtype": preset.dtype,
+        "quant": preset.quant,
+        "kv_dtype": preset.kv_dtype,
+        "block_size": preset.block_size,
+        "max_draft_len": preset.max_draft_len,
+        "target_layer_ids": list(d.target_layer_ids),
+        "mask_token_id": d.mask_token_id,
+        "num_target_layers": d.num_target_layers,
+        "artifacts": artifacts,
+        "plan": {"gpu": plan.gpu.name, "kv_budget_bytes": int(plan.kv_budget), "kv_bytes_per_token": plan.kv_per_token,
+                 "drafter_kv_bytes_per_token": plan.drafter_kv_per_token, "max_tokens_in_flight": plan.max_tokens},
+        "warnings": warnings,
+        "pending_steps": pending.items,
+    }
+
+
+def run_step(name: str, engine_dir: Path, fingerprint: dict[str, Any], outputs: list[Path],
+             action: Callable[[], None], log: Callable[[str], None]) -> None:
+    """Run `action` unless the step is fresh; stamp it when it succeeds."""
+    if steps.is_fresh(engine_dir, name, fingerprint, outputs):
+        log(f"  {name}: up to date")
+        return
+    steps.clear_stamp(engine_dir, name)
+    action()
+    steps.mark_done(engine_dir, name, fingerprint)
+
+
+def unavailable(pending: steps.Pending, exc: StepUnavailable, blocking: bool, log: Callable[[str], None]) -> None:
+    log(f"  {exc.step}: not possible here ({exc.missing}); continuing with the other steps")
+    pending.add(exc, blocking)

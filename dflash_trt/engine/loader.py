@@ -1,0 +1,90 @@
+"""load_engine: the one way runtimes, Triton models and benchmarks open an engine directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import DrafterConfig
+from .manifest import EngineError, read_manifest
+
+
+@dataclass
+class Engine:
+    """An engine's manifest plus what its runtime needs (models are loaded only for local runtimes)."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    drafter_config: DrafterConfig
+    target: Any = None  # dflash_trt.target.TargetModel (torch, onnx, tensorrt)
+    drafter: Any = None  # dflash_trt.drafter.DFlashDrafter (torch)
+    drafter_onnx: Path | None = None  # onnx, tensorrt
+    tensorrt_plan: Path | None = None  # tensorrt
+    llm_options: dict[str, Any] | None = None  # trtllm: LLM(**llm_options), "model" included
+
+    @property
+    def runtime(self) -> str:
+        return self.manifest["runtime"]
+
+    @property
+    def block_size(self) -> int:
+        return self.manifest["block_size"]
+
+    @property
+    def target_path(self) -> Path:
+        return self.directory / self.manifest["target"]["path"]
+
+    @property
+    def drafter_path(self) -> Path:
+        return self.directory / self.manifest["drafter"]["path"]
+
+
+def load_engine(engine_dir: str | Path, verify: bool = True, load_models: bool = True,
+                device: str = "cpu") -> Engine:
+    """Verify an engine's files against its manifest and load what its runtime needs.
+
+    verify=False skips hashing (only for callers that just verified the same directory).
+    load_models=False returns the manifest, paths and drafter config without loading weights.
+    """
+    engine_dir = Path(engine_dir)
+    manifest = read_manifest(engine_dir, verify=verify)
+    blocking = [p for p in manifest.get("pending_steps", []) if p.get("blocking")]
+    if blocking:
+        raise EngineError(f"{engine_dir}: incomplete {manifest['runtime']} engine, {blocking[0]['message']}")
+    artifacts = manifest.get("artifacts", {})
+    engine = Engine(engine_dir, manifest, DrafterConfig.from_file(engine_dir / manifest["drafter"]["path"] /
+                                                                    "config.json"))
+    if "drafter_onnx" in artifacts:
+        engine.drafter_onnx = engine_dir / artifacts["drafter_onnx"]
+    if "tensorrt_plan" in artifacts:
+        engine.tensorrt_plan = engine_dir / artifacts["tensorrt_plan"]
+    if engine.runtime == "trtllm":
+        engine.llm_options = _llm_options(engine_dir, manifest)
+    elif load_models:
+        _load_models(engine, device)
+    return engine
+
+
+def _load_models(engine: Engine, device: str) -> None:
+    import torch
+
+    from ..drafter import load_drafter
+    from ..target import load_target
+
+    dtype = getattr(torch, engine.manifest["dtype"])
+    engine.target = load_target(engine.target_path, dtype=dtype, device=device)
+    state = engine.manifest.get("artifacts", {}).get("quantization")
+    if state:
+        from .quantize import restore_quantization
+
+        restore_quantization(engine.target.model, engine.directory / state)
+    if engine.runtime == "torch":
+        engine.drafter = load_drafter(engine.drafter_path, dtype=dtype, device=device)
+
+
+def _llm_options(engine_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    import yaml
+
+    options = yaml.safe_load((engine_dir / manifest["artifacts"]["trtllm_options"]).read_text())
+    return {"model": manifest["target"]["source"], **options}

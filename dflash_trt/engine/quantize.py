@@ -1,0 +1,98 @@
+"""Target quantization with NVIDIA ModelOpt.
+
+fp8: ModelOpt's FP8 recipe (per-tensor E4M3 weights and activations), calibrated on a few prompts. On CPU
+it is fake quantization; the engine stores ModelOpt's state (quantizer placement and calibrated ranges,
+a few hundred KB) next to the unquantized weights, and load_engine restores it, so the engine runs exactly
+the quantized model. The drafter is not quantized: it is small, and DFlash stays lossless against the
+quantized target either way.
+nvfp4: ModelOpt needs CUDA for it. mxfp4: gpt-oss checkpoints ship their experts in MXFP4; they are kept
+as shipped (nothing to do), and no other target can be turned into MXFP4 here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ConfigError
+from .arch import TargetArch
+from .needs import StepUnavailable, has_cuda
+
+QUANT_STATE_NAME = "quantization/modelopt_state.pth"  # relative to the engine directory
+CALIBRATION_PROMPTS = (
+    "Explain why the sky is blue in two sentences.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "A train travels 60 km in 45 minutes. What is its average speed in km/h?",
+    "List three uses of a paperclip.",
+    "Translate 'good morning, friends' into French.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize the plot of Romeo and Juliet in one paragraph.",
+    "If x + 3 = 10, what is 2x?",
+)
+
+
+def check_quant(quant: str, arch: TargetArch, runtime: str, target_name: str) -> None:
+    """Reject a quantization the target or runtime cannot take, before anything is built."""
+    if quant == "mxfp4" and arch.quant_method != "mxfp4":
+        raise ConfigError(f"quant mxfp4 keeps a checkpoint's MXFP4 experts as shipped, and {target_name} has none "
+                          f"(its quant_method is {arch.quant_method or 'none'}); use fp8 or nvfp4")
+    if quant in ("fp8", "nvfp4") and arch.quant_method == "mxfp4":
+        raise ConfigError(f"{target_name} ships MXFP4 experts; requantizing them to {quant} is not supported, "
+                          "use quant mxfp4 (as shipped)")
+
+
+def quantize_target(quant: str, runtime: str, target_dir: Path, state_path: Path, dtype: str,
+                    log: Callable[[str], None]) -> Path | None:
+    """Calibrate the target in `target_dir` and save ModelOpt's state to `state_path` (the target's own
+    files are never modified: it may be a link into a shared checkpoint). Returns the file written, if any."""
+    if quant in ("none", "mxfp4"):
+        log("  nothing to do" if quant == "none" else "  MXFP4 experts kept as shipped")
+        return None
+    if quant == "nvfp4" and not has_cuda():
+        raise StepUnavailable("quantize", "a CUDA GPU (ModelOpt computes NVFP4 scales on the GPU)")
+    if runtime == "trtllm":
+        # TensorRT-LLM loads a ModelOpt-exported quantized checkpoint; exporting one for a large target
+        # means loading it on GPUs.
+        raise StepUnavailable("quantize", "a CUDA GPU to calibrate and export a quantized checkpoint for TensorRT-LLM")
+    return _fake_quantize(quant, target_dir, state_path, dtype, log)
+
+
+def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, log: Callable[[str], None]) -> Path:
+    import torch
+
+    import modelopt.torch.opt as mto
+    import modelopt.torch.quantization as mtq
+
+    from ..target import load_target
+
+    target = load_target(target_dir, dtype=getattr(torch, dtype))
+    if target.tokenizer is None:
+        raise ConfigError(f"{target_dir}: calibration needs the target's tokenizer, and none was found")
+    config = {"fp8": mtq.FP8_DEFAULT_CFG, "nvfp4": mtq.NVFP4_DEFAULT_CFG}[quant]
+
+    def calibrate(model):
+        with torch.inference_mode():
+            for prompt in CALIBRATION_PROMPTS:
+                model(target.tokenizer(prompt, return_tensors="pt").input_ids.to(target.device))
+
+    log(f"  ModelOpt {quant}: calibrating on {len(CALIBRATION_PROMPTS)} prompts")
+    model = mtq.quantize(target.model, config, calibrate)
+    state = {"modelopt_state": mto.modelopt_state(model),
+             "quantizers": {k: v for k, v in model.state_dict().items() if "_quantizer." in k}}
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, state_path)
+    return state_path
+
+
+def restore_quantization(model, state_path: Path):
+    """Re-apply a saved ModelOpt state to a freshly loaded target model; returns the quantized model."""
+    import torch
+
+    import modelopt.torch.opt as mto
+
+    state = torch.load(state_path, weights_only=False)  # written by this builder, verified by the manifest
+    model = mto.restore_from_modelopt_state(model, state["modelopt_state"])
+    result = model.load_state_dict(state["quantizers"], strict=False)
+    if result.unexpected_keys:
+        raise ConfigError(f"{state_path}: quantizer state does not fit the target ({result.unexpected_keys[0]})")
+    return model.eval()

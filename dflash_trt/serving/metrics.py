@@ -1,0 +1,75 @@
+"""Custom Prometheus metrics of the dflash model, through the Python backend's metric API.
+
+Triton publishes them on its metrics port next to its own nv_inference_* metrics. The
+MetricFamily objects are kept on the instance: the backend deletes a family (and its metrics)
+when the Python object goes away.
+"""
+
+from __future__ import annotations
+
+import threading
+
+# Acceptance length is 1 .. block_size; buckets cover block sizes up to 16.
+ACCEPTANCE_BUCKETS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
+
+COUNTERS = {
+    "dflash_draft_tokens_total": "Draft tokens proposed by the DFlash drafter",
+    "dflash_accepted_draft_tokens_total": "Draft tokens accepted by the target",
+    "dflash_spec_steps_total": "Verify steps (one target forward each)",
+    "dflash_generated_tokens_total": "Tokens sent to clients",
+}
+
+
+class DFlashMetrics:
+    """The metric names of the project, labelled with `model`."""
+
+    def __init__(self, pb, model_name: str):
+        labels = {"model": model_name}
+        kinds = pb.MetricFamily
+        self.families = {
+            name: kinds(name=name, description=text, kind=kinds.COUNTER) for name, text in COUNTERS.items()
+        }
+        self.families["dflash_requests_in_flight"] = kinds(
+            name="dflash_requests_in_flight", description="Generation requests being served", kind=kinds.GAUGE
+        )
+        self.families["dflash_acceptance_length"] = kinds(
+            name="dflash_acceptance_length",
+            description="Tokens committed per verify step (accepted drafts + 1)",
+            kind=kinds.HISTOGRAM,
+        )
+        self.counters = {name: self.families[name].Metric(labels=labels) for name in COUNTERS}
+        self.in_flight = self.families["dflash_requests_in_flight"].Metric(labels=labels)
+        self.acceptance = self.families["dflash_acceptance_length"].Metric(labels=labels, buckets=ACCEPTANCE_BUCKETS)
+        self._lock = threading.Lock()  # requests may run on several threads of one instance
+
+    def request_started(self) -> None:
+        with self._lock:
+            self.in_flight.increment(1)
+
+    def request_finished(self) -> None:
+        with self._lock:
+            self.in_flight.increment(-1)
+
+    def step(self, acceptance_length: int | None, num_draft_tokens: int, num_sent_tokens: int) -> None:
+        """One decoding step; acceptance_length None for the prefill token (no verify step)."""
+        with self._lock:
+            if acceptance_length is not None:
+                self.acceptance.observe(acceptance_length)
+                self.counters["dflash_spec_steps_total"].increment(1)
+                self.counters["dflash_draft_tokens_total"].increment(num_draft_tokens)
+                self.counters["dflash_accepted_draft_tokens_total"].increment(acceptance_length - 1)
+            if num_sent_tokens:
+                self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
+
+
+class NoMetrics:
+    """Stand-in where no metric API exists (in-process use, benchmarks)."""
+
+    def request_started(self) -> None:
+        pass
+
+    def request_finished(self) -> None:
+        pass
+
+    def step(self, acceptance_length, num_draft_tokens, num_sent_tokens) -> None:
+        pass

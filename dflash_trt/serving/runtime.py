@@ -1,0 +1,107 @@
+"""The decoding backends the dflash model drives, chosen by the engine manifest's `runtime`.
+
+Each backend turns (prompt ids, request, end ids) into `Step`s. torch, onnx and tensorrt run the
+project's own speculative loop (`stream_generate`) with the target in PyTorch and the drafter from
+the engine's artifacts; trtllm drives TensorRT-LLM's LLM API (see trtllm_runtime.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving.generation import Step
+from dflash_trt.serving.requests import GenerationRequest
+
+LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
+
+
+@dataclass
+class LocalRuntime:
+    """Target and drafter in this process; one request at a time per model instance."""
+
+    target: object  # dflash_trt.target.TargetModel
+    drafter: object  # a DFlash drafter (PyTorch module, or the ONNX/TensorRT twin)
+    block_size: int
+    default_end_ids: tuple[int, ...] = ()
+    max_concurrent_requests: int = 1
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def steps(self, prompt_ids: list[int], request: GenerationRequest, end_ids) -> Iterator[Step]:
+        """Steps of one generation; closing the iterator stops it between two verify steps."""
+        from dflash_trt.decoding import stream_generate
+
+        for out in stream_generate(self.target, self.drafter, prompt_ids, sampling_params(request, end_ids),
+                                   block_size=self.block_size):
+            reason = out.result.finish_reason if out.is_final else ""
+            yield Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason)
+
+    def close(self) -> None:
+        pass
+
+
+def sampling_params(request: GenerationRequest, end_ids):
+    from dflash_trt.sampling import SamplingParams
+
+    return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
+                          top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids))
+
+
+def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0):
+    """Load the engine through its manifest and return the runtime it names."""
+    from dflash_trt.engine import load_engine
+
+    if num_threads > 0:
+        import torch
+
+        torch.set_num_threads(num_threads)
+    engine = load_engine(engine_dir, device=device)
+    if engine.runtime == "trtllm":
+        from dflash_trt.serving.trtllm_runtime import TrtllmRuntime
+
+        return TrtllmRuntime.from_engine(engine)
+    if engine.runtime not in LOCAL_RUNTIMES:
+        raise DFlashError(f"{engine_dir}: unknown runtime {engine.runtime!r}")
+    return LocalRuntime(engine.target, _drafter(engine), engine.block_size, default_end_ids(engine.target))
+
+
+def _drafter(engine):
+    if engine.runtime == "torch":
+        return engine.drafter
+    if engine.runtime == "onnx":
+        try:
+            from dflash_trt.plugin.onnx_drafter import load_onnx_drafter
+        except ImportError:
+            raise DFlashError(f"{engine.directory}: this installation has no ONNX drafter runtime") from None
+        return load_onnx_drafter(engine.drafter_onnx, engine.drafter_config, engine.drafter_path)
+    try:
+        from dflash_trt.plugin.tensorrt_drafter import load_tensorrt_drafter
+    except ImportError:
+        raise DFlashError(f"{engine.directory}: the tensorrt runtime needs TensorRT and a GPU") from None
+    return load_tensorrt_drafter(engine.tensorrt_plan, engine.drafter_config, engine.drafter_path)
+
+
+def default_end_ids(target) -> tuple[int, ...]:
+    """The target's EOS ids (generation config, else tokenizer), as `dflash-trt generate` uses."""
+    from dflash_trt.commands._options import default_stop_ids
+
+    return tuple(default_stop_ids(target))
+
+
+def tokenizer_for(engine_dir: str | Path):
+    """The target's tokenizer, without loading any weights (preprocessing and postprocessing)."""
+    from transformers import AutoTokenizer
+
+    from dflash_trt.engine import load_engine
+
+    # The dflash model verifies the file hashes; reading the manifest is enough here.
+    engine = load_engine(engine_dir, verify=False, load_models=False)
+    source = engine.target_path
+    if engine.runtime == "trtllm":
+        source = Path(engine.llm_options.get("tokenizer") or engine.llm_options["model"])
+    return AutoTokenizer.from_pretrained(str(source)), engine

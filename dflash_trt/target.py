@@ -1,0 +1,156 @@
+"""Adapter over a Hugging Face causal LM: prefill/verify with its KV cache and layer features.
+
+The feature of target layer l is the residual stream at the OUTPUT of decoder layer l (before the final
+norm), i.e. Hugging Face's hidden_states[l + 1]. It is captured with forward hooks on the decoder layers
+rather than output_hidden_states, so only the layers the drafter reads are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .config import DrafterConfig
+from .errors import CompatibilityError, ConfigError
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B,T,V] fp32 (T = 1 when only the last position was asked for)
+    features: torch.Tensor | None  # [B,T,K*D], target layers concatenated in order
+
+
+class TargetModel:
+    """A frozen target model, plus its tokenizer when one is available."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, source: str = "target"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.source = source
+        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.layers = _decoder_layers(model, source)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def max_context(self) -> int | None:
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(token_ids)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    def new_cache(self):
+        # A plain DynamicCache keeps every position in every layer (also sliding-window ones), so it can be
+        # cropped after a rejected draft; the model still applies its sliding-window mask.
+        from transformers import DynamicCache
+        return DynamicCache()
+
+    @staticmethod
+    def shift_right(cache, shifts: torch.Tensor) -> None:
+        """Move row b of every cached layer right by shifts[b] slots (the vacated left slots become padding).
+
+        After a batched verify, shorter accepted runs leave unused slots at the end of their rows; shifting
+        turns them into left padding, so each row's valid slots stay contiguous and Hugging Face's
+        index-based causal and sliding-window masks keep matching positions.
+        """
+        for layer in cache.layers:
+            length = layer.keys.shape[-2]
+            source = (torch.arange(length, device=shifts.device)[None, :] - shifts[:, None]).clamp(min=0)
+            index = source[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = torch.gather(layer.keys, 2, index)
+            layer.values = torch.gather(layer.values, 2, index)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache, feature_layer_ids: Sequence[int] = (), last_only: bool = False) -> TargetOutput:
+        """Run the target on new tokens [B,T] at position_ids [B,T].
+
+        attention_mask [B, cached + T] marks the valid cache slots (0 = left padding).
+        """
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
+        try:
+            out = self.model(input_ids=token_ids, position_ids=position_ids, attention_mask=attention_mask,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        features = torch.cat([captured[i] for i in feature_layer_ids], dim=-1) if feature_layer_ids else None
+        return TargetOutput(out.logits.float(), features)
+
+    def check_drafter(self, config: DrafterConfig) -> None:
+        """Raise if a drafter with `config` cannot run on this target."""
+        where = f"drafter vs target {self.source}"
+        if config.hidden_size != self.hidden_size:
+            raise CompatibilityError(f"{where}: drafter hidden_size {config.hidden_size} != target hidden_size "
+                                     f"{self.hidden_size}")
+        if config.vocab_size != self.vocab_size:
+            raise CompatibilityError(f"{where}: drafter vocab_size {config.vocab_size} != target vocabulary "
+                                     f"{self.vocab_size}")
+        if not 0 <= config.mask_token_id < self.vocab_size:
+            raise CompatibilityError(f"{where}: mask_token_id {config.mask_token_id} is outside the target "
+                                     f"embedding ({self.vocab_size} rows)")
+        if config.num_target_layers != self.num_layers:
+            raise CompatibilityError(f"{where}: drafter was trained for {config.num_target_layers} target layers, "
+                                     f"target has {self.num_layers}")
+        bad = [i for i in config.target_layer_ids if i >= self.num_layers]
+        if bad:
+            raise CompatibilityError(f"{where}: target_layer_ids {bad} outside the target's {self.num_layers} layers")
+
+
+def _capture(store: dict[int, torch.Tensor], index: int):
+    def hook(_module, _inputs, output):
+        store[index] = output[0] if isinstance(output, tuple) else output
+    return hook
+
+
+def _decoder_layers(model: nn.Module, source: str) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(f"{source}: {type(model).__name__} has no decoder layers at .model.layers")
+    return layers
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> TargetModel:
+    """Load a Hugging Face causal LM from a model directory or a .gguf file (dequantized to `dtype`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    kwargs: dict = {}
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"{path}: GGUF file not found")
+        directory, kwargs["gguf_file"] = path.parent, path.name
+    else:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path}: not a model directory (no config.json)")
+        directory = path
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
+    except (OSError, ValueError):
+        tokenizer = None  # token ids in, token ids out
+    return TargetModel(model, tokenizer, source=str(path))

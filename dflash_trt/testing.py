@@ -1,0 +1,110 @@
+"""Tiny random targets and drafters for tests and examples (CPU, seconds to build).
+
+Drafters are written in the published DFlash format, so the same loader as for real checkpoints is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import DrafterConfig, default_target_layer_ids
+from .drafter import DFlashDrafter, save_drafter
+
+TARGET_ARCHS = ("llama", "qwen3", "gpt_oss")
+
+
+def tiny_target_config(arch: str, vocab_size: int = 256, num_layers: int = 6, hidden_size: int = 64, **overrides):
+    """A small Hugging Face config of the given architecture."""
+    from transformers import GptOssConfig, LlamaConfig, Qwen3Config
+
+    common: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=hidden_size // 4, max_position_embeddings=2048,
+                                  tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+                                  pad_token_id=None)
+    if arch == "llama":
+        config = LlamaConfig(**common)
+    elif arch == "qwen3":
+        config = Qwen3Config(**common)
+    elif arch == "gpt_oss":
+        # Sliding window of 8 on alternate layers so that short tests cross the window.
+        config = GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                              layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
+                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "truncate": False,
+                                               "original_max_position_embeddings": 256, "rope_theta": 150000.0})
+    else:
+        raise ValueError(f"unknown arch {arch!r}; choose from {TARGET_ARCHS}")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def make_tiny_target(arch: str, directory: str | Path | None = None, seed: int = 0, **config_kwargs):
+    """A random-weight causal LM (saved to `directory` when given). Returns the HF model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_target_config(arch, **config_kwargs), dtype=torch.float32)
+    _spread_logits(model)
+    model.eval()
+    if directory is not None:
+        model.save_pretrained(str(directory))
+    return model
+
+
+def tiny_drafter_config(target_config, block_size: int = 8, num_layers: int = 2, mask_token_id: int | None = None,
+                        attention_bias: bool = False, rope_scaling: dict | None = None,
+                        target_layer_ids: list[int] | None = None) -> DrafterConfig:
+    """Drafter config matching `target_config` (hidden size, vocabulary, layer count)."""
+    num_target_layers = target_config.num_hidden_layers
+    data = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": target_config.hidden_size,
+        "intermediate_size": 2 * target_config.hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": target_config.hidden_size // 4,
+        "vocab_size": target_config.vocab_size,
+        "block_size": block_size,
+        "num_target_layers": num_target_layers,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": rope_scaling,
+        "attention_bias": attention_bias,
+        "max_position_embeddings": 2048,
+        "dflash_config": {
+            "target_layer_ids": target_layer_ids or default_target_layer_ids(num_target_layers, min(num_layers, 3)),
+            "mask_token_id": target_config.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        },
+    }
+    return DrafterConfig.from_dict(data)
+
+
+def make_tiny_drafter(target_config, directory: str | Path | None = None, seed: int = 0,
+                      **config_kwargs) -> DFlashDrafter:
+    """A random-weight drafter for `target_config` (saved in the published format when directory is given)."""
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(tiny_drafter_config(target_config, **config_kwargs))
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0, 0.1)
+    drafter.eval()
+    if directory is not None:
+        save_drafter(drafter, directory)
+    return drafter
+
+
+def _spread_logits(model) -> None:
+    # Random init gives near-uniform logits; scaling the head makes greedy choices well separated, so
+    # equality tests compare decisions rather than float noise.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)

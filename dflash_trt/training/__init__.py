@@ -1,0 +1,1 @@
+"""Drafter training: target answer generation, feature caching and the DFlash training recipe."""

@@ -1,0 +1,121 @@
+"""Training data: the target's own greedy answers to the training prompts.
+
+Batched Hugging Face generate with left padding (much faster than batch 1 on CPU). Each record
+stores the token ids of prompt + response and the prompt length (the response mask is
+``position >= prompt_len``). Output is appended per batch, so an interrupted run resumes where it
+stopped; shards let several processes split the prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.data.prompts import load_prompts
+
+
+@dataclass
+class AnswerConfig:
+    """Answer generation settings."""
+
+    prompts: str = "data/prompts"
+    out: str = "out/drafter-data"
+    target: str = "smollm2"
+    max_prompts: int = 2000
+    max_new_tokens: int = 128
+    batch_size: int = 32
+    shard: int = 0
+    num_shards: int = 1
+    seed: int = 0
+    threads: int = 1
+
+
+def ordered_prompts(root: str, max_prompts: int, seed: int) -> list[tuple[str, str]]:
+    """Training prompts in a deterministic shuffled order, so any prefix is balanced over families."""
+    items = load_prompts(root, "train")
+    random.Random(seed).shuffle(items)
+    return items[:max_prompts]
+
+
+def chat_ids(tok, prompt: str) -> list[int]:
+    """Token ids of the prompt with the target's chat template and the assistant header."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def done_indices(path: Path) -> set[int]:
+    if not path.exists():
+        return set()
+    return {json.loads(line)["idx"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def trim_response(ids: list[int], pad_id: int, stop_ids: tuple[int, ...]) -> list[int]:
+    """Cut a generated row after its first stop token and drop right padding."""
+    out = []
+    for t in ids:
+        out.append(t)
+        if t in stop_ids:
+            return out
+    while out and out[-1] == pad_id:
+        out.pop()
+    return out
+
+
+def generate_answers(cfg: AnswerConfig) -> Path:
+    """Generate (resumably) this shard's answers; returns the shard's JSON-lines file."""
+    import torch
+    from tqdm import tqdm
+
+    from dflash_trt.training.target_io import SMOLLM2_STOP_IDS, load_hf_target
+
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"answers.{cfg.shard}-of-{cfg.num_shards}.jsonl"
+    items = [(i, f, p) for i, (f, p) in enumerate(ordered_prompts(cfg.prompts, cfg.max_prompts, cfg.seed))
+             if i % cfg.num_shards == cfg.shard]
+    todo = [it for it in items if it[0] not in done_indices(path)]
+    model, tok = load_hf_target(cfg.target)
+    stop_ids = SMOLLM2_STOP_IDS if tok.eos_token_id not in SMOLLM2_STOP_IDS and len(tok) == 49152 else (tok.eos_token_id,)
+    pad_id = 0
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"answers shard {cfg.shard}")
+    t0, ntok = time.time(), 0
+    for b in range(0, len(todo), cfg.batch_size):
+        batch = todo[b:b + cfg.batch_size]
+        ids = [chat_ids(tok, p) for _, _, p in batch]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
+        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        with torch.no_grad():
+            gen = model.generate(input_ids=input_ids, attention_mask=attn, max_new_tokens=cfg.max_new_tokens,
+                                 do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id)
+        with open(path, "a", encoding="utf-8") as f:
+            for (idx, fam, prompt), p_ids, row in zip(batch, ids, gen[:, width:].tolist()):
+                resp = trim_response(row, pad_id, stop_ids)
+                ntok += len(resp)
+                f.write(json.dumps({"idx": idx, "family": fam, "prompt": prompt,
+                                    "ids": p_ids + resp, "prompt_len": len(p_ids)}) + "\n")
+        bar.update(len(batch))
+        bar.set_postfix(tok_s=f"{ntok / (time.time() - t0):.1f}")
+    bar.close()
+    return path
+
+
+def read_answers(out: str) -> list[dict]:
+    """All answer records of a data directory, sorted by prompt index."""
+    recs = []
+    for p in sorted(Path(out).glob("answers.*.jsonl")):
+        recs += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return sorted(recs, key=lambda r: r["idx"])
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="generate the target's greedy answers to the training prompts")
+    for k, v in AnswerConfig.__dataclass_fields__.items():
+        ap.add_argument("--" + k.replace("_", "-"), type=type(v.default), default=v.default)
+    generate_answers(AnswerConfig(**vars(ap.parse_args())))

@@ -1,0 +1,64 @@
+"""Cache of the frozen target's context features for the training answers.
+
+The drafter reads the residual stream at the output of decoder layer l (Hugging Face
+``hidden_states[l + 1]``) for each of its target layers. Computing them once per sample is far
+cheaper than a target forward in every training step. Chunks are written as they are produced
+(bf16), so the pass is resumable and can run while answers are still being generated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dflash_trt.training.answers import read_answers
+
+
+def target_features(model, ids: list[list[int]], layer_ids: tuple[int, ...]) -> list[torch.Tensor]:
+    """Features [T_i, K*D] of each sequence (right padding: causal attention keeps rows exact)."""
+    width = max(map(len, ids))
+    input_ids = torch.tensor([x + [0] * (width - len(x)) for x in ids])
+    attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+    with torch.inference_mode():
+        out = model.model(input_ids=input_ids, attention_mask=attn, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    return [feats[b, :len(x)] for b, x in enumerate(ids)]
+
+
+def done_indices(feature_dir: Path) -> set[int]:
+    done = set()
+    for p in feature_dir.glob("chunk_*.json"):
+        done.update(json.loads(p.read_text()))
+    return done
+
+
+def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], chunk: int = 16,
+                   max_records: int | None = None) -> int:
+    """Compute features for every answer record not cached yet; returns the number added."""
+    from tqdm import tqdm
+
+    fdir = Path(data_dir) / ("features-" + "-".join(map(str, layer_ids)))
+    fdir.mkdir(parents=True, exist_ok=True)
+    done = done_indices(fdir)
+    todo = [r for r in read_answers(data_dir) if r["idx"] not in done][:max_records]
+    for b in tqdm(range(0, len(todo), chunk), desc="target features"):
+        recs = sorted(todo[b:b + chunk], key=lambda r: len(r["ids"]))
+        feats = target_features(model, [r["ids"] for r in recs], layer_ids)
+        name = f"chunk_{recs[0]['idx']:06d}_{len(recs)}"
+        torch.save([{"idx": r["idx"], "family": r["family"], "ids": torch.tensor(r["ids"], dtype=torch.int32),
+                     "prompt_len": r["prompt_len"], "features": f.to(torch.bfloat16).clone()}
+                    for r, f in zip(recs, feats)], fdir / f"{name}.pt")
+        # The index file is written last: a chunk without it is recomputed on resume.
+        (fdir / f"{name}.json").write_text(json.dumps([r["idx"] for r in recs]))
+    return len(todo)
+
+
+def load_feature_cache(data_dir: str, layer_ids: tuple[int, ...]) -> list[dict]:
+    """Every cached sample (ids, prompt_len, features) of a data directory, sorted by prompt index."""
+    fdir = Path(data_dir) / ("features-" + "-".join(map(str, layer_ids)))
+    samples = []
+    for p in sorted(fdir.glob("chunk_*.json")):
+        samples += torch.load(p.with_suffix(".pt"), weights_only=True)
+    return sorted(samples, key=lambda s: s["idx"])

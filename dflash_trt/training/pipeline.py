@@ -1,0 +1,107 @@
+"""End-to-end drafter training: prompts -> target answers -> feature cache -> training -> export.
+
+Every stage resumes from what is already on disk, so an interrupted `dflash-trt train-drafter`
+simply runs again with the same arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.training.trainer import TrainConfig
+
+PRESETS = {
+    # The embedded demo pair: SmolLM2-135M-Instruct (30 layers, hidden 576) and a 4-layer drafter.
+    "smollm2-135m": {"target": "smollm2", "max_prompts": 3000, "max_new_tokens": 128,
+                     "out": "models/smollm2-135m-dflash"},
+}
+
+
+@dataclass
+class PipelineConfig:
+    """What `dflash-trt train-drafter` runs; `train` holds the drafter and optimiser settings."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: str = "models/smollm2-135m-dflash"
+    max_prompts: int = 3000
+    max_new_tokens: int = 128
+    answer_batch_size: int = 32
+    eval_prompts_per_family: int = 8
+    stages: tuple[str, ...] = ("prompts", "answers", "features", "train", "export")
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    """Run the requested stages; returns the final training/eval summary."""
+    import torch
+
+    from dflash_trt.training.answers import AnswerConfig, generate_answers
+    from dflash_trt.training.features import cache_features, load_feature_cache
+    from dflash_trt.training.target_io import load_hf_target
+
+    tc = cfg.train
+    torch.set_num_threads(tc.threads)
+    summary: dict = {}
+    if "prompts" in cfg.stages and not Path(tc.prompts).exists():
+        from dflash_trt.data.prompts import write_prompt_sets
+        write_prompt_sets(tc.prompts)
+    if "answers" in cfg.stages:
+        t0 = time.time()
+        generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,
+                                      max_prompts=cfg.max_prompts, max_new_tokens=cfg.max_new_tokens,
+                                      batch_size=cfg.answer_batch_size, threads=tc.threads))
+        summary["answers_s"] = round(time.time() - t0, 1)
+    if not {"features", "train", "export"} & set(cfg.stages):
+        return summary
+    model, tok = load_hf_target(tc.target)
+    if "features" in cfg.stages:
+        cache_features(tc.data, model, tc.target_layer_ids)
+    if "train" in cfg.stages:
+        samples = load_feature_cache(tc.data, tc.target_layer_ids)
+        summary.update(train_on_cache(tc, samples, model, tok))
+    if "export" in cfg.stages:
+        summary.update(export(tc, cfg, model, tok))
+    return summary
+
+
+def make_evaluator(tc: TrainConfig, model, tok, per_family: int):
+    """Callable drafter -> {tau, tau_<family>} on the first held-out prompts of each family."""
+    from dflash_trt.target import TargetModel
+    from dflash_trt.training.evaluate import heldout_prompt_ids, heldout_tau
+
+    target = TargetModel(model, tok, source=tc.target)
+    prompts = heldout_prompt_ids(tok, tc.prompts, per_family)
+    return lambda drafter: heldout_tau(target, drafter, prompts, tc.eval_max_new_tokens, tc.stop_token_ids)
+
+
+def train_on_cache(tc: TrainConfig, samples: list[dict], model, tok) -> dict:
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.training.trainer import Trainer
+
+    if not samples:
+        raise DFlashError(f"{tc.data}: no cached training samples (run the answers and features stages)")
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    evaluate = make_evaluator(tc, model, tok, tc.eval_prompts_per_family)
+    trainer = Trainer(tc, samples, emb, head, model.config, evaluate)
+    last = trainer.run()
+    return {"steps": trainer.step, "train_s": round(trainer.elapsed, 1), "num_samples": len(samples),
+            "num_response_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in samples), "last": last}
+
+
+def export(tc: TrainConfig, cfg: PipelineConfig, model, tok) -> dict:
+    """Copy the trained drafter to cfg.out and record held-out tau next to it."""
+    from dflash_trt.drafter import load_drafter
+
+    src = Path(tc.out) / "drafter"
+    dst = Path(cfg.out)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src / name, dst / name)
+    drafter = load_drafter(dst)
+    result = make_evaluator(tc, model, tok, cfg.eval_prompts_per_family)(drafter)
+    (Path(tc.out) / "export_eval.json").write_text(json.dumps(result, indent=2))
+    return {"heldout": result}

@@ -1,0 +1,168 @@
+"""Training loop of a DFlash drafter on cached target features (resumable, logged, time-bounded)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dflash_trt.config import DrafterConfig
+from dflash_trt.drafter import DFlashDrafter, save_drafter
+from dflash_trt.training.recipe import block_loss, build_batch, sample_anchors
+
+STATE_NAME = "train_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    """Drafter shape and optimisation settings (defaults: the SmolLM2-135M demo drafter)."""
+
+    data: str = "out/drafter-data"
+    out: str = "out/drafter-train"
+    prompts: str = "data/prompts"
+    target: str = "smollm2"
+    num_layers: int = 4
+    block_size: int = 8
+    target_layer_ids: tuple[int, ...] = (1, 8, 14, 20, 27)
+    mask_token_id: int = 4
+    intermediate_size: int = 1536
+    gamma: float = 4.0
+    lr: float = 6e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    batch_size: int = 4
+    blocks_per_seq: int = 16
+    max_steps: int = 2000
+    max_minutes: float = 60.0
+    eval_every: int = 200
+    eval_prompts_per_family: int = 2
+    eval_max_new_tokens: int = 64
+    save_every: int = 100
+    seed: int = 0
+    threads: int = 1
+    stop_token_ids: tuple[int, ...] = field(default_factory=lambda: (2,))
+
+
+def drafter_config(cfg: TrainConfig, target_config) -> DrafterConfig:
+    """Published-format config of a drafter for `target_config` (a Hugging Face config)."""
+    d = target_config.hidden_size
+    rope = getattr(target_config, "rope_parameters", None) or {}
+    return DrafterConfig.from_dict({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": d, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": target_config.num_attention_heads,
+        "num_key_value_heads": target_config.num_key_value_heads,
+        "head_dim": getattr(target_config, "head_dim", None) or d // target_config.num_attention_heads,
+        "vocab_size": target_config.vocab_size, "block_size": cfg.block_size,
+        "num_target_layers": target_config.num_hidden_layers,
+        "rms_norm_eps": float(target_config.rms_norm_eps),
+        "rope_theta": float(rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))),
+        "rope_scaling": None, "attention_bias": False,
+        "max_position_embeddings": target_config.max_position_embeddings, "hidden_act": "silu",
+        "tie_word_embeddings": False, "eos_token_id": list(cfg.stop_token_ids),
+        "dflash_config": {"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id},
+    })
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Trainer:
+    """Owns drafter, optimiser and data order; `run` trains until max_steps or max_minutes."""
+
+    def __init__(self, cfg: TrainConfig, samples: list[dict], embed_weight: torch.Tensor,
+                 head_weight: torch.Tensor, target_config, evaluate=None):
+        self.cfg, self.samples, self.evaluate = cfg, samples, evaluate
+        self.embed, self.head = embed_weight.detach(), head_weight.detach()
+        torch.manual_seed(cfg.seed)
+        self.drafter = DFlashDrafter(drafter_config(cfg, target_config)).train()
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.step = 0
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.order: list[int] = []
+        self.out = Path(cfg.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.elapsed = 0.0
+        self._resume()
+
+    def _resume(self) -> None:
+        path = self.out / STATE_NAME
+        if not path.exists():
+            return
+        state = torch.load(path, weights_only=False)
+        self.drafter.load_state_dict(state["drafter"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.step, self.order, self.elapsed = state["step"], state["order"], state["elapsed"]
+        self.generator.set_state(state["generator"])
+
+    def save(self) -> None:
+        state = {"drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
+                 "order": self.order, "elapsed": self.elapsed, "generator": self.generator.get_state(),
+                 "config": asdict(self.cfg)}
+        tmp = self.out / (STATE_NAME + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.out / STATE_NAME)  # atomic: an interrupted save never corrupts the last one
+        save_drafter(self.drafter, self.out / "drafter")
+
+    def _next_samples(self) -> list[dict]:
+        picked = []
+        while len(picked) < self.cfg.batch_size:
+            if not self.order:  # new epoch: deterministic shuffle seeded by the step
+                self.order = list(range(len(self.samples)))
+                random.Random(self.cfg.seed * 1_000_003 + self.step).shuffle(self.order)
+            picked.append(self.samples[self.order.pop()])
+        return picked
+
+    def train_step(self) -> dict[str, float]:
+        samples = self._next_samples()
+        anchors = [sample_anchors(s["prompt_len"], len(s["ids"]), self.cfg.blocks_per_seq, self.generator)
+                   for s in samples]
+        batch = build_batch(samples, anchors, self.cfg.block_size, self.cfg.mask_token_id, self.cfg.gamma)
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(self.step, self.cfg)
+        loss, stats = block_loss(self.drafter, self.embed, self.head, batch)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0))
+        self.opt.step()
+        self.step += 1
+        return stats
+
+    def _log(self, record: dict) -> None:
+        with open(self.out / "log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run(self) -> dict:
+        """Train until max_steps or the time budget; saves on the way and at the end."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.cfg.max_steps, initial=self.step, desc="train drafter")
+        start, last = time.time() - self.elapsed, {}
+        while self.step < self.cfg.max_steps and (time.time() - start) / 60 < self.cfg.max_minutes:
+            stats = self.train_step()
+            self.elapsed = time.time() - start
+            last = {"step": self.step, "lr": lr_at(self.step - 1, self.cfg), "elapsed_s": round(self.elapsed, 1),
+                    **{k: round(v, 4) for k, v in stats.items()}}
+            if self.step % 10 == 0:
+                self._log(last)
+            if self.evaluate and self.step % self.cfg.eval_every == 0:
+                last.update(self.evaluate(self.drafter))
+                self._log({"step": self.step, "eval": True, **last})
+            if self.step % self.cfg.save_every == 0:
+                self.save()
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc1=f"{stats['acc1']:.2f}")
+        bar.close()
+        self.save()
+        return last
