@@ -11,8 +11,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 PYTEST_ARGS ?=
+# Plugin build: TensorRT / onnxruntime header locations (optional) and parallel jobs.
+TENSORRT_ROOT ?=
+ONNXRUNTIME_ROOT ?=
+NPROC ?= 2
 
-.PHONY: help setup test test-fast demo clean helm-check
+.PHONY: help setup test test-fast demo clean helm-check plugins
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -38,6 +42,11 @@ helm-check: setup ## Lint and render the Helm chart offline, validate its manife
 
 demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + its DFlash drafter)
 	$(BIN)/dflash-trt demo
+
+plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
+	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"
+	cmake --build plugins/build -j $(NPROC)
+	@cat plugins/build/summary.txt
 
 clean: ## Remove build outputs (engines, plugin build); keeps .venv
 	rm -rf engines/*/ plugins/build
