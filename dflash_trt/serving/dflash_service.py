@@ -1,0 +1,150 @@
+"""What the decoupled `dflash` Triton model does with each request (model.py only wires it up).
+
+One response sender per request. With stream=true every decoding step that releases tokens sends
+one response at once; otherwise a single response carries everything. The final flag always goes
+out from a `finally` block, so an exception or a cancellation never leaves a client waiting.
+Cancellation is checked between decoding steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
+from dflash_trt.serving.requests import RequestLimits, parse_token_request
+from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
+
+INPUTS = {
+    "input_ids": "TYPE_INT32",
+    "max_tokens": "TYPE_INT32",
+    "stream": "TYPE_BOOL",
+    "temperature": "TYPE_FP32",
+    "top_k": "TYPE_INT32",
+    "top_p": "TYPE_FP32",
+    "seed": "TYPE_UINT64",
+    "stop_words": "TYPE_STRING",
+    "end_id": "TYPE_INT32",
+    "exclude_input_in_output": "TYPE_BOOL",
+}
+OUTPUTS = {
+    "output_ids": "TYPE_INT32",
+    "num_context_tokens": "TYPE_INT32",
+    "num_output_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "acceptance_rate": "TYPE_FP32",
+    "finish_reason": "TYPE_STRING",
+}
+
+
+def chunk_outputs(chunk: Chunk) -> dict[str, np.ndarray]:
+    stats = chunk.stats
+    return {
+        "output_ids": np.array(chunk.window_ids, dtype=np.int32),
+        "num_context_tokens": np.array([chunk.num_context_tokens], dtype=np.int32),
+        "num_output_tokens": np.array([stats.num_output_tokens], dtype=np.int32),
+        "total_draft_tokens": np.array([stats.total_draft_tokens], dtype=np.int32),
+        "total_accepted_draft_tokens": np.array([stats.total_accepted_draft_tokens], dtype=np.int32),
+        "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
+        "finish_reason": string_array([chunk.finish_reason]),
+    }
+
+
+class DFlashService:
+    """Serves generation requests of one model instance with a runtime from runtime.py."""
+
+    def __init__(self, pb, runtime, limits: RequestLimits, metrics, logger=None):
+        self.pb, self.runtime, self.limits, self.metrics = pb, runtime, limits, metrics
+        self.logger = logger
+        workers = getattr(runtime, "max_concurrent_requests", 1)
+        # Local runtimes serve one request at a time (concurrency = instance count); TensorRT-LLM
+        # batches in flight, so its requests each get a thread that waits on the LLM API.
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dflash") if workers > 1 else None
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        vocab = getattr(getattr(runtime, "tokenizer", None), "__len__", None)
+        self.vocab_size = vocab() if vocab else None
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            if self._pool is not None:
+                self._pool.submit(self.handle, request)
+            else:
+                self.handle(request)
+
+    def handle(self, request) -> None:
+        pb = self.pb
+        sender = request.get_response_sender()
+        is_cancelled = getattr(sender, "is_cancelled", None) or request.is_cancelled
+        self._enter()
+        final_sent, steps = False, None
+        try:
+            gen, prompt_ids = parse_token_request(read_inputs(pb, request, INPUTS), self.limits, self.vocab_size)
+            end_ids = (gen.end_id,) if gen.end_id is not None else tuple(self.runtime.default_end_ids)
+            stats = Stats(self.runtime.block_size)
+            steps = self.runtime.steps(prompt_ids, gen, end_ids)
+            on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
+            for chunk in chunks(gen, prompt_ids, until_cancelled(steps, is_cancelled), self.runtime.tokenizer,
+                                stats, end_ids, on_step):
+                sender.send(response(pb, chunk_outputs(chunk)), flags=_final(pb) if chunk.is_final else 0)
+                final_sent = chunk.is_final
+        except Cancelled:
+            self._log("info", "request cancelled by the client; generation stopped")
+        except DFlashError as error:  # the request's fault: InvalidRequest, context too long, ...
+            sender.send(error_response(pb, str(error)), flags=_final(pb))
+            final_sent = True
+        except Exception as error:  # noqa: BLE001 - any failure must still answer the client
+            self._log("error", f"generation failed: {error}\n{traceback.format_exc()}")
+            sender.send(error_response(pb, f"generation failed: {error}"), flags=_final(pb))
+            final_sent = True
+        finally:
+            if steps is not None:
+                steps.close()  # stops the decoding loop (and aborts a TensorRT-LLM request)
+            if not final_sent:
+                self._send_final(sender)
+            self._leave()
+
+    def _send_final(self, sender) -> None:
+        try:
+            sender.send(flags=_final(self.pb))
+        except Exception as error:  # noqa: BLE001 - a cancelled request may refuse further sends
+            self._log("verbose", f"final flag not delivered: {error}")
+
+    def _enter(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+        self.metrics.request_started()
+
+    def _leave(self) -> None:
+        self.metrics.request_finished()
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def finalize(self, timeout_s: float = 30.0) -> bool:
+        """Wait for in-flight requests (True when all finished), then release the runtime."""
+        with self._idle:
+            drained = self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.runtime.close()
+        return drained
+
+    def _log(self, level: str, message: str) -> None:
+        if self.logger is not None:
+            getattr(self.logger, f"log_{level}")(message)
+
+
+def _final(pb) -> int:
+    return pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _drafts(step, stats: Stats) -> int:
+    if step.acceptance_length is None:
+        return 0
+    return stats.block_size - 1 if step.num_draft_tokens is None else step.num_draft_tokens

@@ -1,0 +1,118 @@
+"""Render a Triton model repository for an engine from model_repository/templates/.
+
+The templates are plain config.pbtxt files with ${name} placeholders and the model.py files, copied
+as they are. Limits default to what the engine can do: the context is the smaller of the preset's
+max_seq_len and the target's position range, minus one draft block.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
+MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
+DEFAULT_MAX_TOKENS = 4096
+
+
+@dataclass
+class RepoConfig:
+    """What `dflash-trt repo` renders. None means: derive from the engine."""
+
+    engine_dir: Path
+    out: Path
+    engine_path: str | None = None  # the engine directory as the server sees it (container mount)
+    chat_template: str = NO_TEMPLATE  # "none", "model", or a Jinja file
+    max_tokens_limit: int | None = None
+    max_context_tokens: int | None = None
+    dflash_instances: int = 1
+    preprocessing_instances: int = 1
+    postprocessing_instances: int = 1
+    max_queue_size: int = 64  # requests waiting for a dflash instance; more are rejected
+    queue_timeout_us: int = 0  # 0: a request waits as long as it takes
+    device: str = "cpu"
+    num_threads: int = 0  # torch CPU threads per dflash instance; 0: torch's default
+
+    def validate(self) -> None:
+        for name in ("dflash_instances", "preprocessing_instances", "postprocessing_instances", "max_queue_size"):
+            if getattr(self, name) < 1:
+                raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("queue_timeout_us", "num_threads"):
+            if getattr(self, name) < 0:
+                raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+def engine_limits(engine) -> tuple[int, int]:
+    """(max_context_tokens, default max_tokens_limit) of a loaded engine manifest."""
+    context = int(engine.manifest.get("preset", {}).get("max_seq_len") or 0)
+    config = engine.target_path / "config.json"
+    if engine.runtime != "trtllm" and config.is_file():
+        positions = json.loads(config.read_text()).get("max_position_embeddings")
+        if positions:
+            context = min(context, int(positions)) if context else int(positions)
+    if not context:
+        raise DFlashError(f"{engine.directory}: cannot tell the context length (no max_seq_len in the manifest)")
+    context -= engine.block_size  # the last verify step may look one block beyond the output
+    return context, min(DEFAULT_MAX_TOKENS, context - 1)
+
+
+def render_repository(config: RepoConfig) -> Path:
+    """Write the four models of the repository into config.out; returns config.out."""
+    from dflash_trt.engine import load_engine
+
+    config.validate()
+    engine = load_engine(config.engine_dir, verify=False, load_models=False)
+    context, max_tokens = engine_limits(engine)
+    context = config.max_context_tokens or context
+    max_tokens = config.max_tokens_limit or min(max_tokens, context - 1)
+    if not 1 <= max_tokens < context:
+        raise DFlashError(f"max_tokens_limit {max_tokens} must be in [1, {context}) (the context)")
+    values = {
+        "engine_dir": pbtxt_string(config.engine_path or str(Path(config.engine_dir).resolve())),
+        "chat_template": pbtxt_string(chat_template_value(config.chat_template)),
+        "max_tokens_limit": max_tokens,
+        "max_context_tokens": context,
+        "dflash_instances": 1 if engine.runtime == "trtllm" else config.dflash_instances,
+        "preprocessing_instances": config.preprocessing_instances,
+        "postprocessing_instances": config.postprocessing_instances,
+        "max_queue_size": config.max_queue_size,
+        "queue_timeout_us": config.queue_timeout_us,
+        "device": "cuda" if engine.runtime == "trtllm" else config.device,
+        "num_threads": config.num_threads,
+    }
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in MODELS:
+        _render_model(model, out / model, values)
+    return out
+
+
+def _render_model(model: str, target: Path, values: dict) -> None:
+    source = TEMPLATES / model
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "config.pbtxt"))
+    (target / "1").mkdir(exist_ok=True)  # the ensemble has no files in its version directory
+    text = string.Template((source / "config.pbtxt").read_text()).substitute(values)
+    (target / "config.pbtxt").write_text(text)
+
+
+def chat_template_value(option: str) -> str:
+    if option in (NO_TEMPLATE, MODEL_TEMPLATE):
+        return option
+    path = Path(option)
+    if not path.is_file():
+        raise DFlashError(f"chat template {option!r}: expected 'none', 'model' or a Jinja file")
+    return path.read_text()
+
+
+def pbtxt_string(value: str) -> str:
+    """Escape a value for a double-quoted protobuf text-format string."""
+    return (value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+            .replace("\t", "\\t"))

@@ -1,0 +1,46 @@
+"""Triton model `dflash`: decoupled DFlash speculative generation.
+
+Inputs: input_ids INT32 [-1], max_tokens INT32 [1], optional stream BOOL, temperature FP32,
+top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
+exclude_input_in_output BOOL (all [1] unless noted).
+Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
+num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
+total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1].
+Responses: with stream=true one per decoding step that commits tokens, else one; the last one
+carries the final flag. Cancellation is checked between steps.
+Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
+device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default).
+Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
+"""
+
+import triton_python_backend_utils as pb_utils
+
+from dflash_trt.serving import dflash_service, requests, triton_io
+from dflash_trt.serving.metrics import DFlashMetrics
+from dflash_trt.serving.runtime import open_runtime
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = triton_io.parse_model_config(args)
+        name = args["model_name"]
+        triton_io.require_decoupled(config, name)
+        triton_io.check_tensors(config, name, dflash_service.INPUTS, dflash_service.OUTPUTS)
+        params = triton_io.model_parameters(config)
+        defaults = requests.RequestLimits()
+        limits = requests.RequestLimits(
+            max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
+            max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
+        )
+        runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu",
+                               num_threads=triton_io.int_parameter(params, "num_threads", 0, name))
+        self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
+        self.service = dflash_service.DFlashService(pb_utils, runtime, limits, self.metrics, pb_utils.Logger)
+
+    def execute(self, requests_):
+        self.service.execute(requests_)
+        return None
+
+    def finalize(self):
+        if not self.service.finalize():
+            pb_utils.Logger.log_warn("dflash: requests still running at unload")

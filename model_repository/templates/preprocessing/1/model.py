@@ -1,0 +1,47 @@
+"""Triton model `preprocessing`: validates a generation request and tokenizes its prompt.
+
+Inputs (dims [1] unless noted): text_input STRING, max_tokens INT32, optional stream BOOL,
+temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
+exclude_input_in_output BOOL.
+Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
+request gets an error response naming the bad input.
+Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
+max_tokens_limit, max_context_tokens.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving import requests, triton_io
+from dflash_trt.serving.preprocess import Preprocessor
+from dflash_trt.serving.runtime import tokenizer_for
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = triton_io.parse_model_config(args)
+        name = args["model_name"]
+        triton_io.check_tensors(config, name, {k: v[1] for k, v in requests.INPUTS.items()},
+                                {"input_ids": "TYPE_INT32"})
+        params = triton_io.model_parameters(config)
+        defaults = requests.RequestLimits()
+        limits = requests.RequestLimits(
+            max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
+            max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
+        )
+        tokenizer, _ = tokenizer_for(params["engine_dir"])
+        self.preprocessor = Preprocessor(tokenizer, limits, params.get("chat_template") or "none")
+        self.limits = limits
+
+    def execute(self, requests_):
+        responses = []
+        for request in requests_:
+            try:
+                arrays = triton_io.read_inputs(pb_utils, request, requests.INPUTS)
+                request_ = requests.parse_request(arrays, self.limits)
+                ids = self.preprocessor.prompt_ids(request_)
+                responses.append(triton_io.response(pb_utils, {"input_ids": np.array(ids, dtype=np.int32)}))
+            except DFlashError as error:
+                responses.append(triton_io.error_response(pb_utils, str(error)))
+        return responses
