@@ -23,6 +23,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="compute dtype (default: float32, exact on CPU)")
     parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                        help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +49,12 @@ def load_pair(args):
     hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype)
-    drafter = load_drafter(args.drafter, dtype=dtype) if args.drafter else None
+    if args.drafter and getattr(args, "runtime", "torch") == "onnx":
+        from ..plugin.onnx_runtime import load_onnx_drafter
+
+        drafter = load_onnx_drafter(args.drafter, dtype=dtype)
+    else:
+        drafter = load_drafter(args.drafter, dtype=dtype) if args.drafter else None
     if drafter is not None:
         target.check_drafter(drafter.config)
     if args.block_size is not None and args.block_size > 1 and drafter is None:

@@ -21,6 +21,7 @@ LIBRARY_DIR_ENV = "DFLASH_PLUGIN_DIR"
 
 CPU_TARGET = "dflash_attention_cpu"
 ORT_TARGET = "dflash_attention_ort"
+TRT_TARGET = "dflash_attention_trt"
 CUDA_TARGETS = ("dflash_attention_kernels", "dflash_attention_kernel_test")
 
 

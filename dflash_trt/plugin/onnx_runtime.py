@@ -1,0 +1,106 @@
+"""The `onnx` runtime's drafter: the exported graph run by onnxruntime with the plugin's custom-op library.
+
+`OnnxDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), so
+`generate(target, OnnxDrafter(...), ...)` runs the same loop. Values are fp32 or fp16 (numpy has no bf16).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import DrafterConfig
+from ..errors import DFlashError
+from .export import cache_names
+from .onnx_node import ort_library
+
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+class OnnxDraftCache:
+    """Context K/V of every draft layer as numpy arrays [B, Hkv, capacity, Dh], plus lens [B] (int64 tensor)."""
+
+    def __init__(self, config: DrafterConfig, batch_size: int, capacity: int, dtype: type):
+        shape = (batch_size, config.num_key_value_heads, capacity, config.head_dim)
+        self.k = [np.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [np.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.lens = torch.zeros(batch_size, dtype=torch.int64)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep only the sequences at `indices` (finished sequences leave the batch)."""
+        rows = indices.cpu().numpy()
+        self.k = [a[rows] for a in self.k]
+        self.v = [a[rows] for a in self.v]
+        self.lens = self.lens[indices.cpu()]
+
+
+class OnnxDrafter:
+    """A drafter ONNX file (dflash_trt.plugin.export) run by onnxruntime on CPU."""
+
+    def __init__(self, onnx_path: str | Path, config: DrafterConfig, library: str | Path | None = None):
+        import onnxruntime as ort
+
+        library = library or ort_library()
+        if library is None:
+            raise DFlashError("the onnx runtime needs the plugin's onnxruntime custom-op library "
+                              "(libdflash_attention_ort.so); `make plugins ONNXRUNTIME_ROOT=<dir with "
+                              "onnxruntime_c_api.h>` builds it")
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(str(library))
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self.config = config
+        value_type = self.session.get_inputs()[0].type
+        if value_type not in _NUMPY_TYPES:
+            raise DFlashError(f"the onnx runtime runs fp32 or fp16 drafters, not {value_type}")
+        self.dtype = _NUMPY_TYPES[value_type]
+        self._cache_inputs = cache_names(config.num_hidden_layers)
+
+    def new_cache(self, batch_size: int, capacity: int) -> OnnxDraftCache:
+        return OnnxDraftCache(self.config, batch_size, capacity, self.dtype)
+
+    def __call__(self, block_embeds: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
+                 cache: OnnxDraftCache) -> torch.Tensor:
+        """One draft forward (same contract as DFlashDrafter.forward); returns hidden [B,S,D] as a tensor."""
+        if cache.capacity < int((cache.lens + ctx_lens.cpu()).max()):
+            raise ValueError("draft cache too small for the context")
+        feeds = {
+            "block_embeds": block_embeds.detach().cpu().numpy().astype(self.dtype, copy=False),
+            "features": features.detach().cpu().numpy().astype(self.dtype, copy=False),
+            "cache_lens": cache.lens.numpy().astype(np.int32),
+            "ctx_lens": ctx_lens.cpu().numpy().astype(np.int32),
+        }
+        caches = [a for pair in zip(cache.k, cache.v) for a in pair]
+        feeds.update(zip(self._cache_inputs, caches))
+        hidden, *new_caches = self.session.run(None, feeds)
+        cache.k, cache.v = new_caches[0::2], new_caches[1::2]
+        cache.lens = cache.lens + ctx_lens.cpu()
+        return torch.from_numpy(hidden).to(block_embeds.dtype)
+
+    @torch.inference_mode()
+    def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
+                cache: OnnxDraftCache) -> torch.Tensor:
+        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
+        hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
+        return torch.argmax(target.lm_head(hidden[:, 1:]).float(), dim=-1)
+
+
+def load_onnx_drafter(drafter_dir: str | Path, dtype: torch.dtype = torch.float32,
+                      onnx_path: str | Path | None = None) -> OnnxDrafter:
+    """Export the drafter at drafter_dir (unless onnx_path names an existing export) and open it with onnxruntime."""
+    from ..drafter import load_drafter
+    from .export import export_drafter
+
+    if dtype == torch.bfloat16:
+        raise DFlashError("the onnx runtime runs fp32 or fp16 drafters (numpy has no bfloat16)")
+    drafter = load_drafter(drafter_dir, dtype=dtype)
+    if onnx_path is None or not Path(onnx_path).is_file():
+        directory = Path(tempfile.mkdtemp(prefix="dflash-onnx-"))
+        onnx_path = export_drafter(drafter, directory / "drafter.onnx")
+    return OnnxDrafter(onnx_path, drafter.config)

@@ -1,0 +1,87 @@
+"""The `onnx` runtime (exported drafter + onnxruntime + the plugin custom op) drafts like the torch drafter.
+
+Stated tolerance: final hidden states within 1e-5 and logits within 1e-4 (max abs, fp32) of the PyTorch
+drafter; draft tokens and generated tokens identical. Skipped where the custom-op library cannot be built.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash_trt.decoding import generate
+from dflash_trt.plugin.onnx_node import ort_library
+from dflash_trt.sampling import SamplingParams
+from dflash_trt.target import load_target
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    if ort_library() is None:
+        pytest.skip("onnxruntime custom-op library not built (onnxruntime_c_api.h not found; set ONNXRUNTIME_ROOT)")
+    from dflash_trt.plugin.onnx_runtime import load_onnx_drafter
+
+    torch.set_num_threads(1)
+    target_dir, drafter_dir = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("drafter")
+    target_model = make_tiny_target("qwen3", target_dir, hidden_size=256)
+    drafter = make_tiny_drafter(target_model.config, drafter_dir, block_size=6, num_layers=2)
+    return target_dir, drafter_dir, load_target(target_dir), drafter, load_onnx_drafter(drafter_dir)
+
+
+def test_hidden_states_and_logits_match_torch_drafter(pair):
+    _, _, target, drafter, onnx_drafter = pair
+    torch.manual_seed(0)
+    k = drafter.config.num_target_features
+    torch_cache, onnx_cache = drafter.new_cache(2, 64), onnx_drafter.new_cache(2, 64)
+    for step, ctx_lens in enumerate(([7, 3], [2, 1], [5, 4])):
+        block = torch.randint(0, 255, (2, 6))
+        features = torch.randn(2, max(ctx_lens), k * 256)
+        lens = torch.tensor(ctx_lens)
+        with torch.inference_mode():
+            expected = drafter(target.embed(block), features, lens, torch_cache)
+            got = onnx_drafter(target.embed(block), features, lens, onnx_cache)
+            logit_err = (target.lm_head(expected) - target.lm_head(got)).abs().max().item()
+        assert (expected - got).abs().max().item() <= 1e-5, f"step {step}"
+        assert logit_err <= 1e-4, f"step {step}: logits differ by {logit_err:.3g}"
+        assert torch.equal(onnx_cache.lens, torch_cache.lens)
+
+
+def test_proposes_the_same_draft_tokens_as_torch(pair):
+    _, _, target, drafter, onnx_drafter = pair
+    torch.manual_seed(1)
+    torch_cache, onnx_cache = drafter.new_cache(3, 48), onnx_drafter.new_cache(3, 48)
+    for _ in range(4):
+        block = torch.randint(0, 255, (3, 6))
+        features = torch.randn(3, 4, drafter.config.num_target_features * 256)
+        lens = torch.tensor([4, 2, 3])
+        assert torch.equal(drafter.propose(target, block, features, lens, torch_cache),
+                           onnx_drafter.propose(target, block, features, lens, onnx_cache))
+
+
+def test_generate_with_onnx_runtime_is_token_identical_to_torch(pair):
+    _, _, target, drafter, onnx_drafter = pair
+    prompts = [[5, 17, 33, 2, 90], [7, 8]]
+    params = SamplingParams(max_new_tokens=24)
+    expected = generate(target, drafter, prompts, [params, params])
+    got = generate(target, onnx_drafter, prompts, [params, params])
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in expected]
+
+
+@pytest.mark.slow
+def test_cli_generate_with_onnx_runtime_matches_torch(pair, capsys):
+    from dflash_trt.cli import main
+
+    target_dir, drafter_dir = pair[0], pair[1]
+    outputs = {}
+    for runtime in ("torch", "onnx"):
+        argv = ["generate", "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompt-ids",
+                "3,14,15,92", "--max-new-tokens", "20", "--runtime", runtime, "--json"]
+        assert main(argv) == 0
+        outputs[runtime] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert outputs["onnx"]["token_ids"] == outputs["torch"]["token_ids"]
