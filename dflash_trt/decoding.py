@@ -127,11 +127,11 @@ def decode(target: TargetModel, drafter: DFlashDrafter | None, prompts: Sequence
     _check_context(target, seqs, block_size)
 
     batch = _Batch(seqs, target)
+    if use_drafter:
+        capacity = max(len(s.prompt) + s.params.max_new_tokens for s in seqs) + block_size
+        batch.draft_cache = drafter.new_cache(len(seqs), capacity)
     yield from _prefill(target, batch, layer_ids)
     _drop_finished(batch)
-    if use_drafter and batch.seqs:
-        capacity = int(batch.next_pos.max()) + max(s.params.max_new_tokens for s in batch.seqs) + block_size
-        batch.draft_cache = drafter.new_cache(len(batch.seqs), capacity)
     is_first_draft = True
     while batch.seqs:
         block = torch.full((len(batch.seqs), block_size), drafter.config.mask_token_id if use_drafter else 0,

@@ -43,13 +43,19 @@ def tiny_target_config(arch: str, vocab_size: int = 256, num_layers: int = 6, hi
     return config
 
 
-def make_tiny_target(arch: str, directory: str | Path | None = None, seed: int = 0, **config_kwargs):
-    """A random-weight causal LM (saved to `directory` when given). Returns the HF model."""
+def make_tiny_target(arch: str, directory: str | Path | None = None, seed: int = 0, logit_scale: float = 8.0,
+                     **config_kwargs):
+    """A random-weight causal LM (saved to `directory` when given). Returns the HF model.
+
+    logit_scale multiplies the output head: random init gives near-uniform logits, and a larger scale makes
+    greedy choices well separated, so equality tests compare decisions rather than float noise.
+    """
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_target_config(arch, **config_kwargs), dtype=torch.float32)
-    _spread_logits(model)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(logit_scale)
     model.eval()
     if directory is not None:
         model.save_pretrained(str(directory))
@@ -102,9 +108,3 @@ def make_tiny_drafter(target_config, directory: str | Path | None = None, seed: 
         save_drafter(drafter, directory)
     return drafter
 
-
-def _spread_logits(model) -> None:
-    # Random init gives near-uniform logits; scaling the head makes greedy choices well separated, so
-    # equality tests compare decisions rather than float noise.
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(8.0)

@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from dflash_trt.cli import main
+
+
+def test_generate_prints_one_json_object(tiny_pair_dir, capsys):
+    code = main(["generate", "--target", str(tiny_pair_dir / "target"), "--drafter", str(tiny_pair_dir / "drafter"),
+                 "--prompt-ids", "1,2,3", "--max-new-tokens", "13", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 13 and out["text"] is None
+    assert out["block_size"] == 8 and 1 <= out["tau"] <= 8
+    assert len(out["acceptance_lengths"]) >= 2
+
+
+def test_generate_block_size_1_equals_dflash(tiny_pair_dir, capsys):
+    args = ["generate", "--target", str(tiny_pair_dir / "target"), "--drafter", str(tiny_pair_dir / "drafter"),
+            "--prompt-ids", "4,5,6,7", "--max-new-tokens", "11", "--json", "--stop-ids", "17"]
+    main(args)
+    dflash = json.loads(capsys.readouterr().out)
+    main(args + ["--block-size", "1"])
+    plain = json.loads(capsys.readouterr().out)
+    assert dflash["token_ids"] == plain["token_ids"]
+    assert plain["tau"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drafter", "/nonexistent/drafter"], "drafter directory not found"),
+    (["--prompt", "hello"], "has no tokenizer"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+])
+def test_generate_reports_user_errors_in_one_line(tiny_pair_dir, capsys, args, message):
+    base = {"--target": str(tiny_pair_dir / "target"), "--drafter": str(tiny_pair_dir / "drafter"),
+            "--prompt-ids": "1,2", "--max-new-tokens": "4"}
+    if "--prompt" in args:
+        del base["--prompt-ids"]
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    code = main(["generate", *[item for pair in base.items() for item in pair]])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_bench_reports_tau_speedup_and_identity(tiny_text_pair_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Count to five.", "family": "chat"}\nplain text line\n')
+    code = main(["bench", "--target", str(tiny_text_pair_dir / "target"), "--drafter",
+                 str(tiny_text_pair_dir / "drafter"), "--prompts", str(prompts), "--max-new-tokens", "6", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_prompts"] == 2 and out["identical"] is True
+    assert out["tau"] >= 1.0 and out["speedup"] > 0
+    assert sum(out["acceptance_histogram"].values()) > 0 and set(out["acceptance_histogram"]) == {"1", "2", "3", "4"}
+
+
+def test_bench_rejects_a_malformed_prompt_file(tiny_text_pair_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "no prompt field"}\n')
+    code = main(["bench", "--target", str(tiny_text_pair_dir / "target"), "--drafter",
+                 str(tiny_text_pair_dir / "drafter"), "--prompts", str(prompts), "--max-new-tokens", "6"])
+    assert code == 2 and "prompts.jsonl:1: expected a JSON object with a 'prompt' field" in capsys.readouterr().err

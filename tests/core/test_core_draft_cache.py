@@ -1,0 +1,52 @@
+"""The draft cache holds exactly the committed context: cached rows + new rows == block start."""
+
+import torch
+
+from dflash_trt.decoding import generate
+from dflash_trt.sampling import SamplingParams
+from dflash_trt.target import TargetModel
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+
+def test_cache_invariant_holds_at_every_draft(monkeypatch):
+    model = make_tiny_target("qwen3", seed=2)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    prompt = [5, 6, 7, 8, 9]
+    calls = []
+    forward = type(drafter).forward
+
+    def spy(self, block_embeds, features, ctx_lens, cache):
+        before = cache.lens.clone()
+        out = forward(self, block_embeds, features, ctx_lens, cache)
+        calls.append((int(before[0]), int(ctx_lens[0]), int(cache.lens[0])))
+        return out
+
+    monkeypatch.setattr(type(drafter), "forward", spy)
+    steps = []
+    result = generate(target, drafter, [prompt], SamplingParams(max_new_tokens=20))[0]
+    # Block start of step i = prompt length + tokens committed before it, minus the pending anchor token.
+    committed = 1
+    for length in result.acceptance_lengths:
+        steps.append(len(prompt) + committed - 1)
+        committed += length
+    assert len(calls) == len(steps)
+    for (cached, new_rows, after), start in zip(calls, steps):
+        assert cached + new_rows == start == after
+    assert calls[0] == (0, len(prompt), len(prompt))  # the first draft sees every prompt position
+
+
+def test_context_rows_after_a_verify_are_the_committed_ones():
+    model = make_tiny_target("llama", seed=2)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    seen = []
+    original = drafter.propose
+
+    def spy(target_, block, features, ctx_lens, cache):
+        seen.append(int(ctx_lens[0]))
+        return original(target_, block, features, ctx_lens, cache)
+
+    drafter.propose = spy
+    result = generate(target, drafter, [[1, 2, 3]], SamplingParams(max_new_tokens=12))[0]
+    # After each verify, a + 1 rows (anchor + accepted drafts) become context; the first draft sees the prompt.
+    assert seen == [3] + result.acceptance_lengths[:-1]
+    assert torch.is_tensor(drafter.fc.weight)
