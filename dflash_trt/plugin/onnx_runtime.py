@@ -44,17 +44,14 @@ class OnnxDraftCache:
 class OnnxDrafter:
     """A drafter ONNX file (dflash_trt.plugin.export) run by onnxruntime on CPU."""
 
-    def __init__(self, onnx_path: str | Path, config: DrafterConfig, library: str | Path | None = None):
+    def __init__(self, onnx_path: str | Path, config: DrafterConfig, provider: str = "auto"):
+        """provider: "library" (C++ custom-op library), "python" (onnxruntime-extensions op, fp32) or "auto"."""
         import onnxruntime as ort
 
-        library = library or ort_library()
-        if library is None:
-            raise DFlashError("the onnx runtime needs the plugin's onnxruntime custom-op library "
-                              "(libdflash_attention_ort.so); `make plugins ONNXRUNTIME_ROOT=<dir with "
-                              "onnxruntime_c_api.h>` builds it")
+        library, model = _custom_op(onnx_path, provider)
         options = ort.SessionOptions()
-        options.register_custom_ops_library(str(library))
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        options.register_custom_ops_library(library)
+        self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self.config = config
         value_type = self.session.get_inputs()[0].type
         if value_type not in _NUMPY_TYPES:
@@ -89,6 +86,26 @@ class OnnxDrafter:
         """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
         hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
         return torch.argmax(target.lm_head(hidden[:, 1:]).float(), dim=-1)
+
+
+def _custom_op(onnx_path: str | Path, provider: str) -> tuple[str, str | bytes]:
+    """(custom-op library to register, model path or bytes) for a provider."""
+    from . import ort_python_op
+
+    if provider not in ("auto", "library", "python"):
+        raise DFlashError(f"unknown onnx custom-op provider {provider!r} (auto, library, python)")
+    if provider in ("auto", "library"):
+        library = ort_library()
+        if library is not None:
+            return str(library), str(onnx_path)
+        if provider == "library":
+            raise DFlashError("the plugin's onnxruntime custom-op library is not built: `make plugins "
+                              "ONNXRUNTIME_ROOT=<dir with onnxruntime_c_api.h>`")
+    if not ort_python_op.available():
+        raise DFlashError("the onnx runtime needs the plugin's onnxruntime custom-op library or the "
+                          "onnxruntime-extensions package")
+    # Without the C++ library: the same CPU twin through onnxruntime-extensions' Python op.
+    return ort_python_op.library_path(), ort_python_op.retarget_model(onnx_path)
 
 
 def load_onnx_drafter(drafter_dir: str | Path, dtype: torch.dtype = torch.float32,

@@ -1,7 +1,9 @@
 """The `onnx` runtime (exported drafter + onnxruntime + the plugin custom op) drafts like the torch drafter.
 
+Both custom-op providers are checked: the C++ library (where onnxruntime's C header was found) and the
+onnxruntime-extensions Python op running the same CPU twin (everywhere else).
 Stated tolerance: final hidden states within 1e-5 and logits within 1e-4 (max abs, fp32) of the PyTorch
-drafter; draft tokens and generated tokens identical. Skipped where the custom-op library cannot be built.
+drafter; draft tokens and generated tokens identical.
 """
 
 from __future__ import annotations
@@ -18,23 +20,36 @@ from dflash_trt.target import load_target
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    if ort_library() is None:
-        pytest.skip("onnxruntime custom-op library not built (onnxruntime_c_api.h not found; set ONNXRUNTIME_ROOT)")
-    from dflash_trt.plugin.onnx_runtime import load_onnx_drafter
+    from dflash_trt.plugin.export import export_drafter
 
     torch.set_num_threads(1)
     target_dir, drafter_dir = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("drafter")
-    target_model = make_tiny_target("qwen3", target_dir, hidden_size=256)
+    target_model = make_tiny_target("qwen3", target_dir, hidden_size=256)  # head_dim 64
     drafter = make_tiny_drafter(target_model.config, drafter_dir, block_size=6, num_layers=2)
-    return target_dir, drafter_dir, load_target(target_dir), drafter, load_onnx_drafter(drafter_dir)
+    onnx_path = export_drafter(drafter, tmp_path_factory.mktemp("onnx") / "drafter.onnx")
+    return target_dir, drafter_dir, load_target(target_dir), drafter, onnx_path
 
 
-def test_hidden_states_and_logits_match_torch_drafter(pair):
-    _, _, target, drafter, onnx_drafter = pair
+@pytest.fixture(scope="module", params=["library", "python"])
+def onnx_drafter(request, pair):
+    """The exported drafter in onnxruntime, with the C++ custom-op library or the Python-op fallback."""
+    from dflash_trt.plugin import ort_python_op
+    from dflash_trt.plugin.onnx_runtime import OnnxDrafter
+
+    if request.param == "library" and ort_library() is None:
+        pytest.skip("C++ custom-op library not built (onnxruntime_c_api.h not found; set ONNXRUNTIME_ROOT)")
+    if request.param == "python" and not ort_python_op.available():
+        pytest.skip("onnxruntime-extensions is not installed")
+    return OnnxDrafter(pair[4], pair[3].config, provider=request.param)
+
+
+def test_hidden_states_and_logits_match_torch_drafter(pair, onnx_drafter):
+    _, _, target, drafter, _ = pair
     torch.manual_seed(0)
     k = drafter.config.num_target_features
     torch_cache, onnx_cache = drafter.new_cache(2, 64), onnx_drafter.new_cache(2, 64)
@@ -51,8 +66,8 @@ def test_hidden_states_and_logits_match_torch_drafter(pair):
         assert torch.equal(onnx_cache.lens, torch_cache.lens)
 
 
-def test_proposes_the_same_draft_tokens_as_torch(pair):
-    _, _, target, drafter, onnx_drafter = pair
+def test_proposes_the_same_draft_tokens_as_torch(pair, onnx_drafter):
+    _, _, target, drafter, _ = pair
     torch.manual_seed(1)
     torch_cache, onnx_cache = drafter.new_cache(3, 48), onnx_drafter.new_cache(3, 48)
     for _ in range(4):
@@ -63,8 +78,8 @@ def test_proposes_the_same_draft_tokens_as_torch(pair):
                            onnx_drafter.propose(target, block, features, lens, onnx_cache))
 
 
-def test_generate_with_onnx_runtime_is_token_identical_to_torch(pair):
-    _, _, target, drafter, onnx_drafter = pair
+def test_generate_with_onnx_runtime_is_token_identical_to_torch(pair, onnx_drafter):
+    _, _, target, drafter, _ = pair
     prompts = [[5, 17, 33, 2, 90], [7, 8]]
     params = SamplingParams(max_new_tokens=24)
     expected = generate(target, drafter, prompts, [params, params])
