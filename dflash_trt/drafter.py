@@ -158,6 +158,25 @@ class DFlashDrafter(nn.Module):
         hidden = self(target.embed(block), features, ctx_lens, cache)
         return torch.argmax(target.lm_head(hidden[:, 1:]).float(), dim=-1)
 
+    # The reference project's Python API (AutoModel-style loading, spec_generate); see hf_api.py.
+    @classmethod
+    def from_pretrained(cls, path, dtype="auto", device_map=None, **kwargs) -> "DFlashDrafter":
+        """Load a local drafter directory: `DFlashDrafter.from_pretrained(dir, dtype=..., device_map=...)`."""
+        from .hf_api import from_pretrained
+
+        return from_pretrained(path, dtype=dtype, device_map=device_map, **kwargs)
+
+    def spec_generate(self, target, input_ids, max_new_tokens, stop_token_ids=None, temperature=0.0,
+                      **kwargs) -> torch.Tensor:
+        """Speculative generation with `target` (a Hugging Face causal LM); returns prompt + new tokens [1, L+N]."""
+        from .hf_api import spec_generate
+
+        return spec_generate(self, target, input_ids, max_new_tokens, stop_token_ids, temperature, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
 
 def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of a published drafter checkpoint with its shape."""
