@@ -6,6 +6,7 @@ import argparse
 
 from ..errors import DFlashError
 from ..sampling import SamplingParams
+from ..speculative_config import add_speculative_config_option, apply_to_args
 
 
 def int_list(text: str) -> list[int]:
@@ -25,6 +26,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                         help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
+    add_speculative_config_option(parser)
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +49,7 @@ def load_pair(args):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
+    apply_to_args(args)  # --speculative-config sets --drafter and --block-size
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype)
     if args.drafter and getattr(args, "runtime", "torch") == "onnx":

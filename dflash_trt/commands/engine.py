@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, QUANTS, RUNTIMES
+from ..speculative_config import add_speculative_config_option, apply_to_args
 
 
 def register(subparsers) -> None:
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
     parser.add_argument("--quant", choices=QUANTS, help="quantization (default: the preset's)")
     parser.add_argument("--out", type=Path, help="engine directory (default: engines/<preset>[-<setting>...])")
     add_checkpoint_arguments(parser)
+    add_speculative_config_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and touch nothing")
     parser.set_defaults(func=run)
 
@@ -42,8 +44,11 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engine.build import BuildRequest, build_engine
 
+    apply_to_args(args, block_size_attr=None)  # --speculative-config sets --drafter and args.speculative
+    spec = getattr(args, "speculative", None)
     build_engine(BuildRequest(
         model=args.model, tp=args.tp, ep=args.ep, runtime=args.runtime, quant=args.quant, kv_dtype=args.kv_dtype,
         gpu=args.gpu, memory_fraction=args.memory_fraction, out=args.out, target=args.target, drafter=args.drafter,
-        checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run), log=lambda line: print(line, flush=True))
+        checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run, block_size=spec.block_size if spec else None),
+        log=lambda line: print(line, flush=True))
     return 0

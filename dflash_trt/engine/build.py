@@ -45,6 +45,7 @@ class BuildRequest:
     drafter: Path | None = None
     checkpoints_dir: Path | None = None
     dry_run: bool = False
+    block_size: int | None = None  # --speculative-config's num_speculative_tokens + 1
 
 
 @dataclass
@@ -108,13 +109,15 @@ def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
         name += f"-tp{preset.tp}"
     if preset.quant != base.quant:
         name += f"-{preset.quant}"
+    if preset.block_size != base.block_size:
+        name += f"-b{preset.block_size}"
     return REPO_ROOT / "engines" / name
 
 
 def _preset(request: BuildRequest) -> Preset:
     preset = load_preset(request.model).with_overrides(
         tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
-        gpu=request.gpu, memory_fraction=request.memory_fraction)
+        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size)
     if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
         raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
                           "--runtime trtllm")
