@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.serving.cancellation import CancelBoard
 from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
@@ -39,10 +40,11 @@ OUTPUTS = {
     "total_accepted_draft_tokens": "TYPE_INT32",
     "acceptance_rate": "TYPE_FP32",
     "finish_reason": "TYPE_STRING",
+    "generation_id": "TYPE_STRING",
 }
 
 
-def chunk_outputs(chunk: Chunk) -> dict[str, np.ndarray]:
+def chunk_outputs(chunk: Chunk, generation_id: str) -> dict[str, np.ndarray]:
     stats = chunk.stats
     return {
         "output_ids": np.array(chunk.window_ids, dtype=np.int32),
@@ -52,14 +54,16 @@ def chunk_outputs(chunk: Chunk) -> dict[str, np.ndarray]:
         "total_accepted_draft_tokens": np.array([stats.total_accepted_draft_tokens], dtype=np.int32),
         "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
         "finish_reason": string_array([chunk.finish_reason]),
+        "generation_id": string_array([generation_id]),
     }
 
 
 class DFlashService:
     """Serves generation requests of one model instance with a runtime from runtime.py."""
 
-    def __init__(self, pb, runtime, limits: RequestLimits, metrics, logger=None):
+    def __init__(self, pb, runtime, limits: RequestLimits, metrics, logger=None, board: CancelBoard | None = None):
         self.pb, self.runtime, self.limits, self.metrics = pb, runtime, limits, metrics
+        self.board = board or CancelBoard()
         self.logger = logger
         workers = getattr(runtime, "max_concurrent_requests", 1)
         # Local runtimes serve one request at a time (concurrency = instance count); TensorRT-LLM
@@ -80,7 +84,9 @@ class DFlashService:
     def handle(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
-        is_cancelled = getattr(sender, "is_cancelled", None) or request.is_cancelled
+        generation_id = self.board.new_id()
+        # Direct requests see their own cancellation; ensemble requests only through the board.
+        is_cancelled = lambda: sender.is_cancelled() or self.board.is_marked(generation_id)  # noqa: E731
         self._enter()
         final_sent, steps = False, None
         try:
@@ -91,7 +97,8 @@ class DFlashService:
             on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
             for chunk in chunks(gen, prompt_ids, until_cancelled(steps, is_cancelled), self.runtime.tokenizer,
                                 stats, end_ids, on_step):
-                sender.send(response(pb, chunk_outputs(chunk)), flags=_final(pb) if chunk.is_final else 0)
+                outputs = chunk_outputs(chunk, generation_id)
+                sender.send(response(pb, outputs), flags=_final(pb) if chunk.is_final else 0)
                 final_sent = chunk.is_final
         except Cancelled:
             self._log("info", "request cancelled by the client; generation stopped")
@@ -107,6 +114,7 @@ class DFlashService:
                 steps.close()  # stops the decoding loop (and aborts a TensorRT-LLM request)
             if not final_sent:
                 self._send_final(sender)
+            self.board.clear(generation_id)
             self._leave()
 
     def _send_final(self, sender) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_trt.serving.detokenize import decode_chunk
-from dflash_trt.serving.requests import OUTPUTS, decode_text, scalar
-from dflash_trt.serving.triton_io import string_array
+from dflash_trt.serving.requests import decode_text, scalar
+from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
 INPUTS = {
     "output_ids": "TYPE_INT32",
@@ -16,6 +16,7 @@ INPUTS = {
     "total_accepted_draft_tokens": "TYPE_INT32",
     "acceptance_rate": "TYPE_FP32",
     "finish_reason": "TYPE_STRING",
+    "generation_id": "TYPE_STRING",
 }
 PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
                   "finish_reason")
@@ -29,5 +30,17 @@ def postprocess(tokenizer, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
     text = decode_chunk(tokenizer, window, num_context, is_final=bool(finish_reason))
     outputs = {"text_output": string_array([text])}
     outputs.update({name: np.asarray(arrays[name]).reshape(1) for name in PASSED_THROUGH})
-    assert set(outputs) == set(OUTPUTS)  # internal invariant: the ensemble's output contract
     return outputs
+
+
+def respond(pb, request, tokenizer, board):
+    """The postprocessing model's answer to one request (a cancelled one marks its generation)."""
+    if request.is_cancelled():
+        ids = read_inputs(pb, request, ("generation_id",)).get("generation_id")
+        if ids is not None:
+            board.mark(decode_text(scalar({"generation_id": ids}, "generation_id"), "generation_id"))
+        return pb.InferenceResponse(output_tensors=[], error=pb.TritonError("request cancelled", pb.TritonError.CANCELLED))
+    try:
+        return response(pb, postprocess(tokenizer, read_inputs(pb, request, INPUTS)))
+    except Exception as error:  # noqa: BLE001 - answer with the error, keep serving
+        return error_response(pb, f"postprocessing failed: {error}")

