@@ -15,8 +15,15 @@ PYTEST_ARGS ?=
 TENSORRT_ROOT ?=
 ONNXRUNTIME_ROOT ?=
 NPROC ?= 2
+# Engine build: a preset name and overrides of its settings (empty = the preset's own value).
+MODEL ?= smollm2-135m
+TP ?=
+RUNTIME ?=
+QUANT ?=
+OUT ?=
+ENGINE_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins
+.PHONY: help setup test test-fast demo clean helm-check plugins engine
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -42,6 +49,10 @@ helm-check: setup ## Lint and render the Helm chart offline, validate its manife
 
 demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + its DFlash drafter)
 	$(BIN)/dflash-trt demo
+
+engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tensorrt|trtllm] [QUANT=none|fp8|nvfp4|mxfp4] [OUT=dir]
+	$(BIN)/dflash-trt engine --model $(MODEL) $(if $(TP),--tp $(TP)) $(if $(RUNTIME),--runtime $(RUNTIME)) \
+		$(if $(QUANT),--quant $(QUANT)) $(if $(OUT),--out $(OUT)) $(ENGINE_ARGS)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"

@@ -12,7 +12,7 @@ import sys
 
 from .errors import DFlashError
 
-COMMANDS = ("generate", "bench", "demo")
+COMMANDS = ("generate", "bench", "demo", "engine", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

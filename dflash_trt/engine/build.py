@@ -21,7 +21,7 @@ from .manifest import MANIFEST_NAME, write_manifest
 from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
 from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
-from .quantize import QUANT_STATE_NAME, check_quant, quantize_target
+from .quantize import QUANT_STATE_NAME, check_quant, quant_scheme
 from .resolve import ResolvedCheckpoint, resolve_checkpoint
 
 NUM_STEPS = 6
@@ -193,6 +193,7 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "ep": preset.ep,
         "dtype": preset.dtype,
         "quant": preset.quant,
+        "quant_scheme": quant_scheme(preset.quant, preset.runtime, preset.dtype),
         "kv_dtype": preset.kv_dtype,
         "block_size": preset.block_size,
         "max_draft_len": preset.max_draft_len,

@@ -1,0 +1,95 @@
+"""The default CPU engine (SmolLM2-135M demo pair) end to end, plain and FP8-quantized with ModelOpt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash_trt.decoding import generate
+from dflash_trt.engine.build import BuildRequest, build_engine
+from dflash_trt.engine.loader import load_engine
+from dflash_trt.engine.presets import REPO_ROOT, load_preset
+from dflash_trt.sampling import SamplingParams
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
+
+
+@pytest.fixture(scope="module")
+def demo_drafter(tmp_path_factory, smollm2_config):
+    """The shipped demo drafter when the repository has it, else a random one of the same format."""
+    shipped = REPO_ROOT / load_preset("smollm2-135m").drafter.path
+    if (shipped / "config.json").is_file():
+        return None  # the preset resolves it
+    from dflash_trt.config import DrafterConfig
+    from dflash_trt.drafter import DFlashDrafter, save_drafter
+
+    config = DrafterConfig.from_dict({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 2, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "vocab_size": smollm2_config["vocab_size"], "block_size": 8,
+        "num_target_layers": smollm2_config["num_hidden_layers"], "rope_theta": smollm2_config["rope_theta"],
+        "max_position_embeddings": 8192, "dflash_config": {"target_layer_ids": [1, 14, 28], "mask_token_id": 0}})
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("demo-drafter")
+    save_drafter(DFlashDrafter(config), directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    """One engine directory for both builds: the second reuses the converted target (steps are idempotent)."""
+    return tmp_path_factory.mktemp("demo") / "engine"
+
+
+@pytest.fixture(scope="module")
+def smollm2_config():
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures/checkpoints/HuggingFaceTB/SmolLM2-135M-Instruct/config.json"
+    return json.loads(path.read_text())
+
+
+def chat_ids(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+
+
+def decode_both(engine, max_new_tokens=32):
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    prompts = [chat_ids(engine.target.tokenizer, p) for p in PROMPTS]
+    dflash = generate(engine.target, engine.drafter, prompts, params, block_size=engine.block_size)
+    plain = generate(engine.target, None, prompts, params)
+    return [r.token_ids for r in dflash], [r.token_ids for r in plain]
+
+
+@pytest.mark.slow
+def test_default_engine_builds_from_the_gguf_and_decodes_losslessly(engine_dir, demo_drafter):
+    out = engine_dir
+    result = build_engine(BuildRequest(drafter=demo_drafter, out=out), log=lambda line: None)
+    assert result.preset.name == "smollm2-135m" and result.manifest["runtime"] == "torch"
+    assert "quantization" not in result.manifest["artifacts"]
+    assert {"target/model.safetensors", "target/tokenizer.json", "target/config.json"} <= set(result.manifest["files"])
+    engine = load_engine(out)
+    assert engine.target.tokenizer is not None and engine.target.num_layers == 30
+    dflash, plain = decode_both(engine)
+    assert dflash == plain
+
+
+@pytest.mark.slow
+def test_fp8_engine_is_lossless_against_its_own_quantized_target(engine_dir, demo_drafter):
+    out = engine_dir
+    result = build_engine(BuildRequest(quant="fp8", drafter=demo_drafter, out=out), log=lambda line: None)
+    assert result.manifest["artifacts"]["quantization"] == "quantization/modelopt_state.pth"
+    engine = load_engine(out)
+    ids = torch.tensor([chat_ids(engine.target.tokenizer, PROMPTS[0])])
+    with torch.no_grad():
+        quantized = engine.target.model(ids).logits
+    from dflash_trt.target import load_target
+
+    with torch.no_grad():
+        plain_logits = load_target(engine.target_path).model(ids).logits
+    assert not torch.allclose(quantized, plain_logits)  # the FP8 quantizers are really in the loaded model
+    dflash, plain = decode_both(engine)
+    assert dflash == plain  # DFlash output == the quantized target's own greedy output
