@@ -1,0 +1,174 @@
+"""The FastAPI app: OpenAI routes, server-sent events, errors in OpenAI's format, client disconnects.
+
+A client that goes away (a closed stream, or a non-streaming request whose connection drops) has
+its Triton request cancelled: every wait on Triton races a watcher of the HTTP connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager, suppress
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from dflash_trt.gateway import responses as out
+from dflash_trt.gateway.errors import APIError, model_not_found, server_error
+from dflash_trt.gateway.model import COMPLETION_DEFAULT_MAX_TOKENS, GatewayConfig, ServedModel
+from dflash_trt.gateway.protocol import ChatRequest, CompletionRequest, parse_chat, parse_completion, parse_json
+from dflash_trt.gateway.triton import Piece, TritonEnsemble
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the answer was complete."""
+
+
+def create_app(config: GatewayConfig, model: ServedModel):
+    """The ASGI app serving `model` through the Triton ensemble at config.triton_grpc."""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        # The asyncio gRPC channel belongs to the server's event loop: create it there.
+        app.state.ensemble = TritonEnsemble(config.triton_grpc, config.ensemble)
+        yield
+        await app.state.ensemble.close()
+
+    app = FastAPI(title="dflash-trt OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, error: APIError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, error: HTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(error.status_code, str(error.detail), kind).body(), status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, error: RequestValidationError):
+        return JSONResponse(APIError(400, str(error)).body(), status_code=400)
+
+    @app.get("/health")
+    async def health():
+        if await app.state.ensemble.is_ready():
+            return {"status": "ok"}
+        raise server_error(f"Triton at {config.triton_grpc} is not ready", 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return out.model_list(model.name, model.created)
+
+    @app.get("/v1/models/{name:path}")
+    async def model_card(name: str):
+        if name != model.name:
+            raise model_not_found(name, model.name)
+        return out.model_card(model.name, model.created)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        parsed = parse_completion(parse_json(await request.body()))
+        _check_model(parsed.model, model)
+        return await _answer(request, parsed, parsed.prompt, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        parsed = parse_chat(parse_json(await request.body()))
+        _check_model(parsed.model, model)
+        prompt = model.formatter.chat_prompt(parsed.messages, parsed.template_kwargs)
+        return await _answer(request, parsed, prompt, None, "messages")
+
+    async def _answer(request, parsed: CompletionRequest | ChatRequest, prompt: str, default_max: int | None,
+                      param: str):
+        try:
+            return await _generate(request, parsed, prompt, default_max, param)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; 499 is the log's "client closed request"
+
+    async def _generate(request, parsed, prompt: str, default_max: int | None, param: str):
+        num_prompt_tokens = model.formatter.count_tokens(prompt)
+        max_tokens = model.max_tokens(parsed.sampling.max_tokens, num_prompt_tokens, default_max, param)
+        reply = out.Reply("completion" if isinstance(parsed, CompletionRequest) else "chat", model.name)
+        echo = prompt if getattr(parsed, "echo", False) else ""
+        pieces = app.state.ensemble.generate(prompt, parsed.sampling, max_tokens)
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            first = await _next(pieces, watcher)  # Triton's errors become HTTP errors before any byte is sent
+        except BaseException:
+            watcher.cancel()
+            await pieces.aclose()
+            raise
+        if parsed.stream:
+            events = _events(reply, pieces, first, watcher, num_prompt_tokens, parsed.include_usage, echo)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            text, last = await _collect(pieces, first, watcher)
+        finally:
+            watcher.cancel()
+            await pieces.aclose()
+        return out.full_response(reply, echo + text, last, num_prompt_tokens, model.block_size)
+
+    async def _events(reply, pieces, piece: Piece, watcher, num_prompt_tokens: int, include_usage: bool,
+                      echo: str) -> AsyncIterator[str]:
+        try:
+            opening = out.first_chunk(reply)
+            if opening is not None:
+                yield out.sse(opening)
+            if echo:
+                yield out.sse(out.text_chunk(reply, echo))
+            while not piece.finish_reason:
+                if piece.text:
+                    yield out.sse(out.text_chunk(reply, piece.text))
+                piece = await _next(pieces, watcher)
+            yield out.sse(out.final_chunk(reply, piece, model.block_size))
+            if include_usage:
+                yield out.sse(out.usage_chunk(reply, piece, num_prompt_tokens, model.block_size))
+            yield out.DONE
+        except ClientGone:
+            return
+        except APIError as error:  # after the first byte the status is sent: report in the stream, as OpenAI does
+            yield out.sse(error.body())
+            yield out.DONE
+        finally:
+            watcher.cancel()
+            await pieces.aclose()  # cancels the Triton request unless it finished
+
+    return app
+
+
+def _check_model(name: str, model: ServedModel) -> None:
+    if name != model.name:
+        raise model_not_found(name, model.name)
+
+
+async def _collect(pieces, piece: Piece, watcher) -> tuple[str, Piece]:
+    texts = [piece.text]
+    while not piece.finish_reason:
+        piece = await _next(pieces, watcher)
+        texts.append(piece.text)
+    return "".join(texts), piece
+
+
+async def _next(pieces, watcher: asyncio.Future) -> Piece:
+    """The next piece from Triton, or ClientGone as soon as the HTTP client disconnects."""
+    step = asyncio.ensure_future(pieces.__anext__())
+    done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if step in done:
+        try:
+            return step.result()
+        except StopAsyncIteration:
+            raise server_error("Triton ended the generation without a final response") from None
+    step.cancel()  # raises CancelledError inside the generator, whose cleanup cancels the Triton request
+    with suppress(asyncio.CancelledError, StopAsyncIteration, APIError):
+        await step
+    raise ClientGone()
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes the connection (the body was read: only the disconnect is left)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

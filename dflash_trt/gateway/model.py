@@ -1,0 +1,114 @@
+"""What the gateway serves: one model name, its tokenizer and the limits of the Triton repository.
+
+Everything is read from the running server: the `preprocessing` model's config names the engine
+directory (tokenizer, manifest) and the max_tokens / context limits the repository was rendered with.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.gateway.errors import invalid
+from dflash_trt.gateway.prompts import PromptFormatter
+from dflash_trt.gateway.triton import ENSEMBLE
+
+PREPROCESSING = "preprocessing"
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass
+class GatewayConfig:
+    """How `dflash-trt openai` runs; None means: read it from the Triton repository."""
+
+    triton_grpc: str = "127.0.0.1:8001"
+    host: str = "127.0.0.1"
+    port: int = 9000
+    served_model_name: str | None = None
+    engine_dir: Path | None = None  # where the tokenizer and manifest are, as this process sees them
+    chat_template: Path | None = None  # a Jinja file replacing the tokenizer's chat template
+    ensemble: str = ENSEMBLE
+    ready_timeout_s: float = 300.0
+
+
+@dataclass
+class ServedModel:
+    name: str
+    formatter: PromptFormatter
+    max_tokens_limit: int
+    max_context_tokens: int
+    block_size: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def max_tokens(self, requested: int | None, num_prompt_tokens: int, default: int | None, param: str) -> int:
+        """The max_tokens to send: the request's (checked against the limits) or the endpoint's default."""
+        room = self.max_context_tokens - num_prompt_tokens
+        if room < 1:
+            raise invalid(f"This model's maximum context length is {self.max_context_tokens} tokens, and the "
+                          f"{param} has {num_prompt_tokens} tokens", param, "context_length_exceeded")
+        if requested is None:
+            return min(default or self.max_tokens_limit, self.max_tokens_limit, room)
+        if requested > self.max_tokens_limit:
+            raise invalid(f"max_tokens is too large: {requested}. This model supports at most "
+                          f"{self.max_tokens_limit} completion tokens", "max_tokens")
+        if requested > room:
+            raise invalid(f"This model's maximum context length is {self.max_context_tokens} tokens. However, you "
+                          f"requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {param}, "
+                          f"{requested} for the completion)", "max_tokens", "context_length_exceeded")
+        return requested
+
+
+def wait_for_triton(config: GatewayConfig, log=print):
+    """A synchronous gRPC client once Triton and the ensemble are ready (DFlashError after the timeout)."""
+    from tritonclient.grpc import InferenceServerClient
+
+    client = InferenceServerClient(config.triton_grpc)
+    deadline = time.monotonic() + config.ready_timeout_s
+    announced = False
+    while True:
+        try:
+            if client.is_server_ready() and client.is_model_ready(config.ensemble):
+                return client
+        except Exception:  # noqa: BLE001 - not reachable yet
+            pass
+        if time.monotonic() > deadline:
+            raise DFlashError(f"Triton at {config.triton_grpc} is not ready with model '{config.ensemble}' after "
+                              f"{config.ready_timeout_s:.0f} s")
+        if not announced:
+            log(f"waiting for Triton at {config.triton_grpc} ...")
+            announced = True
+        time.sleep(0.5)
+
+
+def load_served_model(config: GatewayConfig, client) -> ServedModel:
+    """Read the repository's settings from Triton and load the target's tokenizer."""
+    from dflash_trt.serving.runtime import tokenizer_for
+
+    config_json = client.get_model_config(PREPROCESSING, as_json=True)
+    params = {k: v.get("string_value", "") for k, v in config_json.get("config", config_json)
+              .get("parameters", {}).items()}
+    template = params.get("chat_template") or "none"
+    if template != "none":
+        raise DFlashError(f"the repository's preprocessing applies a chat template ({template[:40]!r}); the OpenAI "
+                          "gateway templates chat messages itself: render the repository without one")
+    engine_dir = config.engine_dir or params.get("engine_dir")
+    if not engine_dir:
+        raise DFlashError("the preprocessing model names no engine_dir: pass --engine")
+    tokenizer, engine = tokenizer_for(engine_dir)
+    chat_template = Path(config.chat_template).read_text() if config.chat_template else None
+    return ServedModel(
+        name=config.served_model_name or engine.manifest.get("name") or Path(engine_dir).name,
+        formatter=PromptFormatter(tokenizer, chat_template),
+        max_tokens_limit=_int_param(params, "max_tokens_limit"),
+        max_context_tokens=_int_param(params, "max_context_tokens"),
+        block_size=int(engine.block_size),
+    )
+
+
+def _int_param(params: dict[str, str], name: str) -> int:
+    try:
+        return int(params[name])
+    except (KeyError, ValueError):
+        raise DFlashError(f"the preprocessing model's parameter {name} is missing or not an integer") from None

@@ -1,0 +1,157 @@
+"""The gateway's only way to generate: the Triton ensemble over gRPC streaming (tritonclient's asyncio API).
+
+Every generation is requested with stream=true, also for non-streaming HTTP clients: Triton 2.51
+passes an ensemble cancellation on to the dflash model only through the chunks that follow it,
+so a request that sends no chunks until the end could not be stopped when its client goes away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import numpy as np
+
+from dflash_trt.gateway.errors import APIError, invalid, server_error
+from dflash_trt.gateway.protocol import Sampling
+
+ENSEMBLE = "ensemble"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One response of the ensemble: the text it adds and the cumulative statistics."""
+
+    text: str
+    finish_reason: str  # "" until the last piece
+    num_output_tokens: int
+    total_draft_tokens: int
+    total_accepted_draft_tokens: int
+    acceptance_rate: float
+
+
+class TritonEnsemble:
+    """An asyncio gRPC client of one Triton server; one bidirectional stream per generation."""
+
+    def __init__(self, url: str, model_name: str = ENSEMBLE):
+        from tritonclient.grpc import aio
+
+        self.url, self.model_name = url, model_name
+        self.client = aio.InferenceServerClient(url)
+
+    async def is_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready()) and bool(await self.client.is_model_ready(self.model_name))
+        except Exception:  # noqa: BLE001 - any failure means "not ready"
+            return False
+
+    async def parameters(self, model: str) -> dict[str, str]:
+        """The string parameters of a model's config (preprocessing holds engine_dir and the limits)."""
+        config = await self.client.get_model_config(model, as_json=True)
+        entries = config.get("config", config).get("parameters", {})
+        return {key: entry.get("string_value", "") for key, entry in entries.items()}
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def generate(self, prompt: str, sampling: Sampling, max_tokens: int) -> AsyncIterator[Piece]:
+        """Pieces of one generation; closing the iterator early cancels the request in Triton."""
+        request = {"model_name": self.model_name, "inputs": request_inputs(prompt, sampling, max_tokens)}
+
+        async def one_request():
+            yield request
+
+        call = self.client.stream_infer(one_request())
+        finished = False
+        try:
+            async for result, error in _rpc_errors(call):
+                if error is not None:
+                    raise triton_error(str(error))
+                piece = read_piece(result)
+                yield piece
+                if piece.finish_reason:
+                    finished = True
+                    return
+            raise server_error("Triton closed the stream before the final response")
+        finally:
+            if not finished:
+                call.cancel()  # the client went away or failed: stop the generation in Triton
+
+
+async def _rpc_errors(call):
+    """The call's responses, with transport failures (server down, stream reset) as a 503."""
+    import grpc
+
+    iterator = call.__aiter__()
+    while True:
+        try:
+            item = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        except grpc.RpcError as error:
+            raise server_error(f"Triton is unavailable: {_rpc_message(error)}", 503) from None
+        yield item
+
+
+def _rpc_message(error) -> str:
+    details = getattr(error, "details", None)
+    return details() if callable(details) else str(error)
+
+
+def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
+    """The ensemble's input tensors (TensorRT-LLM's names) for one generation."""
+    from tritonclient.grpc import InferInput
+
+    arrays = {
+        "text_input": np.array([prompt.encode("utf-8")], dtype=np.object_),
+        "max_tokens": np.array([max_tokens], dtype=np.int32),
+        "stream": np.array([True]),
+        "temperature": np.array([sampling.temperature], dtype=np.float32),
+        "top_p": np.array([sampling.top_p], dtype=np.float32),
+        "top_k": np.array([sampling.top_k], dtype=np.int32),
+        "exclude_input_in_output": np.array([True]),
+    }
+    if sampling.seed is not None:
+        arrays["seed"] = np.array([sampling.seed], dtype=np.uint64)
+    if sampling.stop:
+        arrays["stop_words"] = np.array([w.encode("utf-8") for w in sampling.stop], dtype=np.object_)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = InferInput(name, list(array.shape), _triton_dtype(array))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _triton_dtype(array: np.ndarray) -> str:
+    return {"O": "BYTES", "b": "BOOL"}.get(array.dtype.kind) or {
+        np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32", np.dtype(np.uint64): "UINT64"}[array.dtype]
+
+
+def read_piece(result) -> Piece:
+    def scalar(name):
+        value = result.as_numpy(name)
+        return None if value is None else value.reshape(-1)[0]
+
+    def text(name):
+        value = scalar(name)
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value or "")
+
+    return Piece(text=text("text_output"), finish_reason=text("finish_reason"),
+                 num_output_tokens=int(scalar("num_output_tokens") or 0),
+                 total_draft_tokens=int(scalar("total_draft_tokens") or 0),
+                 total_accepted_draft_tokens=int(scalar("total_accepted_draft_tokens") or 0),
+                 acceptance_rate=float(scalar("acceptance_rate") or 0.0))
+
+
+def triton_error(message: str) -> APIError:
+    """A Triton error response as an OpenAI error: internal failures 500, a full queue 429, else 400.
+
+    The models answer a request's own mistakes with the bare message and prefix their internal
+    failures ("generation failed: ..."), which is what tells the two apart here.
+    """
+    if "failed:" in message:
+        return server_error(message)
+    if "queue" in message.lower():
+        return APIError(429, f"The server is busy: {message}", type="rate_limit_error", code="queue_full")
+    return invalid(message)
