@@ -22,8 +22,17 @@ RUNTIME ?=
 QUANT ?=
 OUT ?=
 ENGINE_ARGS ?=
+# Triton: the engine to package, the repository to serve, where the server listens (loopback by default).
+ENGINE ?= engines/$(MODEL)
+REPO ?= model_repository/$(notdir $(ENGINE))
+REPO_ARGS ?=
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+ADDRESS ?= 127.0.0.1
+READY_TIMEOUT ?= 300
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -53,6 +62,13 @@ demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + it
 engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tensorrt|trtllm] [QUANT=none|fp8|nvfp4|mxfp4] [OUT=dir]
 	$(BIN)/dflash-trt engine --model $(MODEL) $(if $(TP),--tp $(TP)) $(if $(RUNTIME),--runtime $(RUNTIME)) \
 		$(if $(QUANT),--quant $(QUANT)) $(if $(OUT),--out $(OUT)) $(ENGINE_ARGS)
+
+repo: setup ## Render the Triton model repository: ENGINE=engines/<name> [OUT=model_repository/<name>] [REPO_ARGS=...]
+	$(BIN)/dflash-trt repo --engine $(ENGINE) $(if $(OUT),--out $(OUT)) $(REPO_ARGS)
+
+serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]
+	$(BIN)/dflash-trt serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
+		--metrics-port $(METRICS_PORT) --address $(ADDRESS) --ready-timeout $(READY_TIMEOUT)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"

@@ -38,12 +38,13 @@ class RepoConfig:
     queue_timeout_us: int = 0  # 0: a request waits as long as it takes
     device: str = "cpu"
     num_threads: int = 0  # torch CPU threads per dflash instance; 0: torch's default
+    block_size: int = 0  # 0: the engine's; smaller overrides it, 1 = plain decoding (benchmark baseline)
 
     def validate(self) -> None:
         for name in ("dflash_instances", "preprocessing_instances", "postprocessing_instances", "max_queue_size"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_us", "num_threads"):
+        for name in ("queue_timeout_us", "num_threads", "block_size"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -85,6 +86,7 @@ def render_repository(config: RepoConfig) -> Path:
         "queue_timeout_us": config.queue_timeout_us,
         "device": "cuda" if engine.runtime == "trtllm" else config.device,
         "num_threads": config.num_threads,
+        "block_size": config.block_size,
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,12 @@ def sampling_params(request: GenerationRequest, end_ids):
                           top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids))
 
 
-def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0):
-    """Load the engine through its manifest and return the runtime it names."""
+def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0):
+    """Load the engine through its manifest and return the runtime it names.
+
+    block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
+    (the baseline the serving benchmark compares with, served the same way).
+    """
     from dflash_trt.engine import load_engine
 
     if num_threads > 0:
@@ -64,10 +68,16 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     if engine.runtime == "trtllm":
         from dflash_trt.serving.trtllm_runtime import TrtllmRuntime
 
+        if block_size and block_size != engine.block_size:
+            raise DFlashError(f"{engine_dir}: the trtllm runtime serves the engine's block_size only")
         return TrtllmRuntime.from_engine(engine)
     if engine.runtime not in LOCAL_RUNTIMES:
         raise DFlashError(f"{engine_dir}: unknown runtime {engine.runtime!r}")
-    return LocalRuntime(engine.target, _drafter(engine), engine.block_size, default_end_ids(engine.target))
+    block_size = block_size or engine.block_size
+    if block_size > engine.block_size:
+        raise DFlashError(f"{engine_dir}: block_size {block_size} exceeds the engine's {engine.block_size}")
+    drafter = _drafter(engine) if block_size > 1 else None
+    return LocalRuntime(engine.target, drafter, block_size, default_end_ids(engine.target))
 
 
 def _drafter(engine):

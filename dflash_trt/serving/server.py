@@ -129,8 +129,11 @@ class TritonServer:
                 log_file.close()
 
     def is_ready(self) -> bool:
+        # A server bound to every interface is probed on loopback.
+        host = "127.0.0.1" if self.config.address in ("0.0.0.0", "") else self.config.address
+        url = f"http://{host}:{self.config.http_port}/v2/health/ready"
         try:
-            with urllib.request.urlopen(self.config.http_url + "/v2/health/ready", timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False

@@ -185,3 +185,37 @@ def tiny_engine(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     build_engine(BuildRequest(model="smollm2-135m", target=root / "target", drafter=root / "drafter",
                               out=root / "engine"), log=lambda _line: None)
     return root / "engine"
+
+
+@pytest.fixture(scope="session")
+def served_repo(tiny_engine, tmp_path_factory) -> Path:
+    """The tiny engine's repository: two dflash instances, small limits so that limit errors are cheap."""
+    from dflash_trt.serving.repo import RepoConfig, render_repository
+
+    out = tmp_path_factory.mktemp("served-repo")
+    render_repository(RepoConfig(tiny_engine, out, dflash_instances=2, max_tokens_limit=256,
+                                 max_context_tokens=512, num_threads=1))
+    return out
+
+
+@pytest.fixture(scope="session")
+def triton(served_repo, tmp_path_factory):
+    """The real tritonserver on free loopback ports, serving `served_repo` for the whole session."""
+    from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    config = ServerConfig(model_repository=served_repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          ready_timeout_s=300, log_path=log)
+    with TritonServer(config) as server:
+        yield server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that used the server shows the end of the server's log."""
+    outcome = yield
+    report = outcome.get_result()
+    server = getattr(item, "funcargs", {}).get("triton")
+    if report.failed and server is not None:
+        report.sections.append(("tritonserver log (last 60 lines)", "\n".join(server.log.splitlines()[-60:])))

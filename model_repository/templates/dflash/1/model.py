@@ -9,7 +9,8 @@ total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason S
 Responses: with stream=true one per decoding step that commits tokens, else one; the last one
 carries the final flag. Cancellation is checked between steps.
 Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
-device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default).
+device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default), block_size
+(0 = the engine's, 1 = plain decoding).
 Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
 """
 
@@ -33,7 +34,8 @@ class TritonPythonModel:
             max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
         )
         runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu",
-                               num_threads=triton_io.int_parameter(params, "num_threads", 0, name))
+                               num_threads=triton_io.int_parameter(params, "num_threads", 0, name),
+                               block_size=triton_io.int_parameter(params, "block_size", 0, name))
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
         self.service = dflash_service.DFlashService(pb_utils, runtime, limits, self.metrics, pb_utils.Logger)
 

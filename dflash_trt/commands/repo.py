@@ -1,0 +1,48 @@
+"""`dflash-trt repo`: render the Triton model repository for an engine directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..serving.repo import RepoConfig
+
+
+def register(subparsers) -> None:
+    defaults = RepoConfig(engine_dir=Path("."), out=Path("."))
+    parser = subparsers.add_parser("repo", help="render a Triton model repository for an engine",
+                                   description="Render preprocessing, dflash, postprocessing and ensemble "
+                                               "from model_repository/templates for an engine directory.")
+    parser.add_argument("--engine", type=Path, required=True, help="engine directory (has manifest.json)")
+    parser.add_argument("--out", type=Path, help="repository directory (default: model_repository/<engine name>)")
+    parser.add_argument("--engine-path", help="the engine directory as the server will see it (default: --engine)")
+    parser.add_argument("--chat-template", default=defaults.chat_template,
+                        help="'none' (text_input verbatim, default), 'model' (the tokenizer's template) or a Jinja file")
+    parser.add_argument("--max-tokens-limit", type=int, help="largest max_tokens accepted (default: min(4096, context))")
+    parser.add_argument("--max-context-tokens", type=int, help="prompt + max_tokens limit (default: the engine's)")
+    parser.add_argument("--instances", type=int, default=defaults.dflash_instances,
+                        help=f"dflash model instances, i.e. concurrent generations (default: {defaults.dflash_instances})")
+    parser.add_argument("--preprocessing-instances", type=int, default=defaults.preprocessing_instances)
+    parser.add_argument("--postprocessing-instances", type=int, default=defaults.postprocessing_instances)
+    parser.add_argument("--max-queue-size", type=int, default=defaults.max_queue_size,
+                        help=f"requests that may wait for an instance; more are rejected (default: {defaults.max_queue_size})")
+    parser.add_argument("--queue-timeout-us", type=int, default=defaults.queue_timeout_us,
+                        help="reject requests that waited longer (microseconds; default 0: wait as long as needed)")
+    parser.add_argument("--device", default=defaults.device, help="device of local runtimes: cpu (default) or cuda")
+    parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
+                        help="torch CPU threads per dflash instance (default 0: torch's choice)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..serving.repo import render_repository
+
+    out = args.out or Path(__file__).resolve().parents[2] / "model_repository" / args.engine.resolve().name
+    config = RepoConfig(
+        engine_dir=args.engine, out=out, engine_path=args.engine_path, chat_template=args.chat_template,
+        max_tokens_limit=args.max_tokens_limit, max_context_tokens=args.max_context_tokens,
+        dflash_instances=args.instances, preprocessing_instances=args.preprocessing_instances,
+        postprocessing_instances=args.postprocessing_instances, max_queue_size=args.max_queue_size,
+        queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
+    )
+    print(f"model repository: {render_repository(config)}")
+    return 0

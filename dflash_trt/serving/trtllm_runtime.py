@@ -1,0 +1,157 @@
+"""The trtllm runtime: TensorRT-LLM's LLM API with its native DFlash speculative decoding.
+
+Written against TensorRT-LLM 1.3.0rc27 (the version the engine builder targets):
+`LLM(**options)` with the engine's speculative_config (decoding_type DFlash) and parallelism,
+`LLM.generate_async(inputs, sampling_params, streaming=True)` returning a RequestOutput that is
+async-iterable and has `abort()`, `SamplingParams(max_tokens, temperature, top_k, top_p, seed,
+end_id, stop_token_ids, detokenize, return_perf_metrics)`, and per response
+`outputs[0].token_ids_diff`, `.finish_reason` and
+`.request_perf_metrics.speculative_decoding.{total_draft_tokens, total_accepted_draft_tokens}`.
+
+TensorRT-LLM batches requests in flight, so the model instance serves many requests at once: each
+runs on a worker thread that waits on a queue fed by one asyncio loop owning the LLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+from dflash_trt.serving.generation import Step
+from dflash_trt.serving.requests import GenerationRequest
+
+MAX_CONCURRENT_REQUESTS = 256
+_DONE = object()
+
+
+def sampling_kwargs(request: GenerationRequest, end_ids) -> dict:
+    """SamplingParams keyword arguments for one request (detokenization stays in postprocessing)."""
+    end_ids = list(end_ids)
+    kwargs = {
+        "max_tokens": request.max_tokens,
+        "end_id": end_ids[0] if end_ids else None,
+        "stop_token_ids": end_ids[1:] or None,
+        "detokenize": False,
+        "return_perf_metrics": True,  # carries the DFlash acceptance statistics
+    }
+    if request.temperature == 0:
+        kwargs["temperature"] = 0.0  # greedy
+    else:
+        kwargs.update(temperature=request.temperature, top_k=request.top_k or None,
+                      top_p=request.top_p if request.top_p < 1.0 else None)
+    if request.seed is not None:
+        kwargs["seed"] = request.seed
+    return kwargs
+
+
+@dataclass
+class _Cursor:
+    """Cumulative statistics already turned into steps."""
+
+    is_first: bool = True
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+def step_from_output(output, cursor: _Cursor) -> Step:
+    """One streamed RequestOutput -> Step (acceptance from TensorRT-LLM's own counters)."""
+    completion = output.outputs[0]
+    new_ids = [int(t) for t in completion.token_ids_diff]
+    spec = getattr(getattr(completion, "request_perf_metrics", None), "speculative_decoding", None)
+    num_draft = None
+    acceptance = None if cursor.is_first else len(new_ids)
+    if spec is not None and not cursor.is_first:
+        num_draft = int(spec.total_draft_tokens) - cursor.num_draft_tokens
+        acceptance = int(spec.total_accepted_draft_tokens) - cursor.num_accepted_tokens + 1
+    if spec is not None:
+        cursor.num_draft_tokens = int(spec.total_draft_tokens)
+        cursor.num_accepted_tokens = int(spec.total_accepted_draft_tokens)
+    cursor.is_first = False
+    finished = bool(output.finished)
+    reason = (completion.finish_reason or "length") if finished else ""
+    return Step(new_ids, acceptance, finished, reason, num_draft)
+
+
+class TrtllmRuntime:
+    """Serves requests through one TensorRT-LLM LLM object owned by a background asyncio loop."""
+
+    def __init__(self, llm_options: dict, tokenizer, block_size: int, default_end_ids=(),
+                 max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS):
+        import tensorrt_llm
+
+        self.tokenizer, self.block_size = tokenizer, block_size
+        self.default_end_ids = tuple(default_end_ids)
+        self.max_concurrent_requests = max_concurrent_requests
+        self._sampling_params = tensorrt_llm.SamplingParams
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-loop", daemon=True)
+        self._thread.start()
+        self.llm = self._call(lambda: tensorrt_llm.LLM(**llm_options))
+
+    @classmethod
+    def from_engine(cls, engine) -> "TrtllmRuntime":
+        from transformers import AutoTokenizer, GenerationConfig
+
+        options = dict(engine.llm_options)
+        source = options.get("tokenizer") or options["model"]
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+        try:
+            eos = GenerationConfig.from_pretrained(str(options["model"])).eos_token_id
+        except OSError:
+            eos = None
+        eos = tokenizer.eos_token_id if eos is None else eos
+        end_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+        return cls(options, tokenizer, engine.block_size, end_ids)
+
+    def _call(self, function):
+        """Run a blocking call on the loop's default executor and wait for it."""
+        return asyncio.run_coroutine_threadsafe(self._to_thread(function), self._loop).result()
+
+    async def _to_thread(self, function):
+        return await asyncio.get_running_loop().run_in_executor(None, function)
+
+    def steps(self, prompt_ids: list[int], request: GenerationRequest, end_ids) -> Iterator[Step]:
+        """Steps of one request; closing the iterator aborts it inside TensorRT-LLM."""
+        params = self._sampling_params(**sampling_kwargs(request, end_ids))
+        results: queue.Queue = queue.Queue()
+        handle: dict = {}
+        future = asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params, results, handle), self._loop)
+        try:
+            while True:
+                item = results.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not future.done():
+                self._loop.call_soon_threadsafe(self._abort, handle)
+
+    async def _generate(self, prompt_ids, params, results: queue.Queue, handle: dict) -> None:
+        try:
+            output = self.llm.generate_async({"prompt_token_ids": list(prompt_ids)}, params, streaming=True)
+            handle["output"] = output
+            cursor = _Cursor()
+            async for item in output:
+                results.put(step_from_output(item, cursor))
+        except Exception as error:  # noqa: BLE001 - handed to the request's thread
+            results.put(error)
+        finally:
+            results.put(_DONE)
+
+    @staticmethod
+    def _abort(handle: dict) -> None:
+        output = handle.get("output")
+        if output is not None:
+            output.abort()
+
+    def close(self) -> None:
+        try:
+            self._call(self.llm.shutdown)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)

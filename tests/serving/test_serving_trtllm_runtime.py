@@ -1,0 +1,137 @@
+"""The trtllm runtime's request/response mapping, against a stand-in `tensorrt_llm` module
+(TensorRT-LLM cannot be installed here); the stand-in mimics the 1.3 LLM API surface it uses."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from dflash_trt.serving.generation import Stats, chunks
+from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.serving.trtllm_runtime import TrtllmRuntime, sampling_kwargs
+
+
+class FakeRequestOutput:
+    """Async-iterable like tensorrt_llm's RequestOutput in streaming mode; records abort()."""
+
+    def __init__(self, script, llm):
+        self.script, self.llm = script, llm
+        self.aborted = False
+
+    def abort(self):
+        self.aborted = True
+        self.llm.aborted.append(self)
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        drafted = accepted = 0
+        for i, (tokens, step_drafts, step_accepted) in enumerate(self.script):
+            if self.aborted:
+                return
+            drafted, accepted = drafted + step_drafts, accepted + step_accepted
+            finished = i == len(self.script) - 1
+            spec = SimpleNamespace(total_draft_tokens=drafted, total_accepted_draft_tokens=accepted)
+            completion = SimpleNamespace(token_ids_diff=tokens, finish_reason="length" if finished else None,
+                                         request_perf_metrics=SimpleNamespace(speculative_decoding=spec))
+            yield SimpleNamespace(outputs=[completion], finished=finished)
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def trtllm(monkeypatch):
+    """A stand-in tensorrt_llm module: LLM records its options and the requests it gets."""
+    module = types.ModuleType("tensorrt_llm")
+
+    class LLM:
+        script = [([7], 0, 0), ([8, 9, 10], 7, 2), ([11], 7, 0), ([12, 13], 7, 1)]
+
+        def __init__(self, **options):
+            self.options, self.calls, self.aborted, self.is_shut_down = options, [], [], False
+            module.instances.append(self)
+
+        def generate_async(self, inputs, sampling_params, streaming=False):
+            asyncio.get_running_loop()  # TensorRT-LLM builds its async queues on the caller's loop
+            self.calls.append((inputs, sampling_params, streaming))
+            return FakeRequestOutput(self.script, self)
+
+        def shutdown(self):
+            self.is_shut_down = True
+
+    module.LLM = LLM
+    module.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
+    module.instances = []
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
+    return module
+
+
+OPTIONS = {"model": "/models/gpt-oss-120b", "tensor_parallel_size": 8,
+           "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7}}
+
+
+def test_greedy_requests_map_to_temperature_zero_without_top_k_or_top_p():
+    kwargs = sampling_kwargs(GenerationRequest("x", 32), end_ids=(2, 5))
+    assert kwargs == {"max_tokens": 32, "end_id": 2, "stop_token_ids": [5], "detokenize": False,
+                      "return_perf_metrics": True, "temperature": 0.0}
+
+
+def test_sampling_requests_pass_their_parameters_and_seed():
+    kwargs = sampling_kwargs(GenerationRequest("x", 8, temperature=0.7, top_k=40, top_p=0.9, seed=3), (2,))
+    assert (kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["seed"]) == (0.7, 40, 0.9, 3)
+    assert kwargs["stop_token_ids"] is None
+    assert sampling_kwargs(GenerationRequest("x", 8, temperature=1.0), (2,))["top_k"] is None
+
+
+def test_builds_the_llm_from_the_engine_options_and_streams_token_ids(trtllm):
+    runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8, default_end_ids=(2,))
+    steps = list(runtime.steps([1, 2, 3], GenerationRequest("x", 16), (2,)))
+    llm = trtllm.instances[0]
+    assert llm.options == OPTIONS
+    inputs, params, streaming = llm.calls[0]
+    assert inputs == {"prompt_token_ids": [1, 2, 3]} and streaming and params.detokenize is False
+    assert [s.new_token_ids for s in steps] == [[7], [8, 9, 10], [11], [12, 13]]
+    assert [s.acceptance_length for s in steps] == [None, 3, 1, 2]
+    assert [s.num_draft_tokens for s in steps] == [None, 7, 7, 7]
+    assert steps[-1].is_final and steps[-1].finish_reason == "length"
+    runtime.close()
+    assert llm.is_shut_down
+
+
+def test_acceptance_statistics_come_from_tensorrt_llm(trtllm):
+    runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8)
+    stats = Stats(block_size=8)
+    out = list(chunks(GenerationRequest("x", 16, stream=True), [1], runtime.steps([1], GenerationRequest("x", 16), ()),
+                      None, stats))
+    assert (stats.total_draft_tokens, stats.total_accepted_draft_tokens, stats.num_output_tokens) == (21, 3, 7)
+    assert out[-1].is_final
+    runtime.close()
+
+
+def test_closing_the_steps_aborts_the_request(trtllm):
+    runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8)
+    steps = runtime.steps([1], GenerationRequest("x", 16), ())
+    next(steps)
+    steps.close()  # what the dflash service does on cancellation
+    llm = trtllm.instances[0]
+    for _ in range(100):
+        if llm.aborted:
+            break
+        asyncio.run(asyncio.sleep(0.01))
+    assert len(llm.aborted) == 1
+    runtime.close()
+
+
+def test_errors_of_the_llm_reach_the_request(trtllm):
+    def broken(*args, **kwargs):
+        raise RuntimeError("KV cache exhausted")
+
+    runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8)
+    trtllm.instances[0].generate_async = broken
+    with pytest.raises(RuntimeError, match="KV cache exhausted"):
+        list(runtime.steps([1], GenerationRequest("x", 16), ()))
+    runtime.close()
