@@ -138,6 +138,9 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     warnings = check_compatible(pair.arch, pair.drafter_config, preset.block_size,
                                 f"{preset.drafter.id} with {preset.target.id}", preset.max_seq_len)
     d = pair.drafter_config
+    if preset.runtime in ("onnx", "tensorrt") and preset.block_size != d.block_size:
+        raise ConfigError(f"runtime {preset.runtime} exports the drafter with its trained block of {d.block_size}; "
+                          f"block_size {preset.block_size} needs --runtime torch or trtllm")
     log(f"  compatible: vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
         f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
     for warning in warnings:

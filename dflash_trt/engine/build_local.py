@@ -40,17 +40,17 @@ def build_local(preset: Preset, pair, engine_dir: Path, progress: steps.Progress
     run_step("drafter", engine_dir, drafter_fp, [drafter_dir],
              lambda: checkpoints.place_drafter(pair.drafter, drafter_dir, log), log)
     if preset.runtime in ("onnx", "tensorrt"):
-        artifacts.update(_drafter_graphs(preset, engine_dir, drafter_dir, drafter_fp, pending, log))
+        artifacts.update(_drafter_graphs(preset, pair.drafter_config, engine_dir, drafter_dir, drafter_fp, pending, log))
     return artifacts
 
 
-def _drafter_graphs(preset: Preset, engine_dir: Path, drafter_dir: Path, drafter_fp: dict, pending: steps.Pending,
-                    log) -> dict[str, str]:
+def _drafter_graphs(preset: Preset, config, engine_dir: Path, drafter_dir: Path, drafter_fp: dict,
+                    pending: steps.Pending, log) -> dict[str, str]:
     onnx, plan = engine_dir / drafter_onnx.ONNX_NAME, engine_dir / drafter_onnx.PLAN_NAME
     out: dict[str, str] = {}
     try:
-        run_step("drafter-onnx", engine_dir, drafter_fp, [onnx],
-                 lambda: drafter_onnx.export_onnx(drafter_dir, onnx), log)
+        run_step("drafter-onnx", engine_dir, {**drafter_fp, "dtype": preset.dtype}, [onnx],
+                 lambda: drafter_onnx.export_onnx(drafter_dir, onnx, preset.dtype), log)
         out["drafter_onnx"] = drafter_onnx.ONNX_NAME
     except StepUnavailable as exc:
         unavailable(pending, exc, True, log)
@@ -59,8 +59,10 @@ def _drafter_graphs(preset: Preset, engine_dir: Path, drafter_dir: Path, drafter
         return out
     if preset.runtime == "tensorrt":
         try:
-            run_step("tensorrt-build", engine_dir, {"onnx": steps.file_fingerprint(onnx)}, [plan],
-                     lambda: drafter_onnx.build_plan(onnx, plan), log)
+            fingerprint = {"onnx": steps.file_fingerprint(onnx), "batch": preset.max_batch_size,
+                           "seq": preset.max_seq_len}
+            run_step("tensorrt-build", engine_dir, fingerprint, [plan], lambda: drafter_onnx.build_plan(
+                onnx, plan, config, preset.max_batch_size, preset.max_seq_len), log)
             out["tensorrt_plan"] = drafter_onnx.PLAN_NAME
         except StepUnavailable as exc:
             unavailable(pending, exc, True, log)

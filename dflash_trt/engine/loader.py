@@ -18,7 +18,7 @@ class Engine:
     manifest: dict[str, Any]
     drafter_config: DrafterConfig
     target: Any = None  # dflash_trt.target.TargetModel (torch, onnx, tensorrt)
-    drafter: Any = None  # dflash_trt.drafter.DFlashDrafter (torch)
+    drafter: Any = None  # DFlashDrafter (torch) or plugin.onnx_runtime.OnnxDrafter (onnx): same decoding API
     drafter_onnx: Path | None = None  # onnx, tensorrt
     tensorrt_plan: Path | None = None  # tensorrt
     llm_options: dict[str, Any] | None = None  # trtllm: LLM(**llm_options), "model" included
@@ -73,6 +73,8 @@ def _load_models(engine: Engine, device: str) -> None:
     from ..target import load_target
 
     dtype = getattr(torch, engine.manifest["dtype"])
+    if engine.manifest.get("quant") == "nvfp4" and not str(device).startswith("cuda"):
+        raise EngineError(f"{engine.directory}: an nvfp4 engine runs on a CUDA device; load it with device='cuda'")
     engine.target = load_target(engine.target_path, dtype=dtype, device=device)
     state = engine.manifest.get("artifacts", {}).get("quantization")
     if state:
@@ -81,6 +83,10 @@ def _load_models(engine: Engine, device: str) -> None:
         restore_quantization(engine.target.model, engine.directory / state)
     if engine.runtime == "torch":
         engine.drafter = load_drafter(engine.drafter_path, dtype=dtype, device=device)
+    elif engine.runtime == "onnx":
+        from ..plugin.onnx_runtime import OnnxDrafter
+
+        engine.drafter = OnnxDrafter(engine.drafter_onnx, engine.drafter_config)
 
 
 def _llm_options(engine_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,17 @@ def tiny_preset(tmp_path, tiny_pair_dir):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_pair_hd64(tmp_path_factory):
+    """A tiny random llama pair with head_dim 64 (the plugin's DFlashAttention takes head_dim 64 or 128)."""
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("tiny-pair-hd64")
+    model = make_tiny_target("llama", root / "target", hidden_size=256, num_layers=6)
+    make_tiny_drafter(model.config, root / "drafter", block_size=8)
+    return root
+
+
 @pytest.fixture
 def published_checkpoints(tmp_path):
     """The published configs laid out as a --checkpoints-dir, each with a stand-in weights file."""

@@ -7,15 +7,22 @@ from pathlib import Path
 import pytest
 
 from dflash_trt.cli import main
+from dflash_trt.engine.artifacts import drafter_onnx
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
 from dflash_trt.engine.manifest import EngineError
-from dflash_trt.engine.needs import StepUnavailable, has_cuda, has_module
+from dflash_trt.engine.needs import StepUnavailable, has_cuda
 from dflash_trt.engine.presets import RUNTIMES, load_preset
 from dflash_trt.errors import CompatibilityError, ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 PRESETS = ["gpt-oss-120b", "gpt-oss-20b", "qwen3-8b", "llama-3.1-8b-instruct", "smollm2-135m"]
+
+
+def has_trtexec() -> bool:
+    from dflash_trt.engine.needs import trtexec_path
+
+    return trtexec_path() is not None
 
 
 def quiet(line: str) -> None:
@@ -89,9 +96,27 @@ def test_rebuild_skips_steps_that_are_up_to_date(tiny_preset, tiny_pair_dir, tmp
     assert "  target: up to date" in lines and "  drafter: up to date" in lines
 
 
-def test_onnx_runtime_without_the_exporter_builds_the_rest_then_fails_one_step(tiny_preset, tiny_pair_dir, tmp_path):
-    if has_module("dflash_trt.plugin.export"):
-        pytest.skip("the ONNX exporter exists: covered by the plugin tests")
+def test_onnx_runtime_exports_the_drafter_graph_and_decodes_losslessly(tiny_preset, tiny_pair_hd64, tmp_path):
+    from dflash_trt.decoding import generate
+    from dflash_trt.sampling import SamplingParams
+
+    out = tmp_path / "engine"
+    result = build_engine(BuildRequest(model=str(tiny_preset), runtime="onnx", target=tiny_pair_hd64 / "target",
+                                       drafter=tiny_pair_hd64 / "drafter", out=out), log=quiet)
+    assert result.manifest["artifacts"]["drafter_onnx"] == "drafter.onnx" and "drafter.onnx" in result.manifest["files"]
+    engine = load_engine(out)
+    assert type(engine.drafter).__name__ == "OnnxDrafter"
+    prompt, params = [[3, 17, 42, 5, 99, 7]], SamplingParams(max_new_tokens=16)
+    dflash = generate(engine.target, engine.drafter, prompt, params, block_size=engine.block_size)[0]
+    assert dflash.token_ids == generate(engine.target, None, prompt, params)[0].token_ids
+
+
+def test_a_missing_exporter_fails_its_step_and_leaves_an_unloadable_engine(tiny_preset, tiny_pair_dir, tmp_path,
+                                                                          monkeypatch):
+    def unavailable(*args, **kwargs):
+        raise StepUnavailable("drafter-onnx", "the drafter ONNX exporter")
+
+    monkeypatch.setattr(drafter_onnx, "export_onnx", unavailable)
     out = tmp_path / "engine"
     with pytest.raises(StepUnavailable, match="step 'drafter-onnx' needs the drafter ONNX exporter"):
         build_engine(BuildRequest(model=str(tiny_preset), runtime="onnx", target=tiny_pair_dir / "target",
@@ -101,11 +126,13 @@ def test_onnx_runtime_without_the_exporter_builds_the_rest_then_fails_one_step(t
         load_engine(out)
 
 
-def test_tensorrt_runtime_records_the_build_it_could_not_run(tiny_preset, tiny_pair_dir, tmp_path):
+@pytest.mark.skipif(has_trtexec(), reason="TensorRT is installed here")
+def test_tensorrt_runtime_records_the_build_it_could_not_run(tiny_preset, tiny_pair_hd64, tmp_path):
     out = tmp_path / "engine"
-    with pytest.raises(StepUnavailable):
-        build_engine(BuildRequest(model=str(tiny_preset), runtime="tensorrt", target=tiny_pair_dir / "target",
-                                  drafter=tiny_pair_dir / "drafter", out=out), log=quiet)
+    with pytest.raises(StepUnavailable, match="step 'tensorrt-build' needs TensorRT \\(trtexec\\)"):
+        build_engine(BuildRequest(model=str(tiny_preset), runtime="tensorrt", target=tiny_pair_hd64 / "target",
+                                  drafter=tiny_pair_hd64 / "drafter", out=out), log=quiet)
+    assert (out / "drafter.onnx").is_file()  # everything before the TensorRT build was done
     with pytest.raises(EngineError, match="incomplete tensorrt engine"):
         load_engine(out)
 
@@ -127,3 +154,30 @@ def test_bad_preset_is_a_one_line_cli_error(tmp_path, capsys):
                                                "drafter, block_size, description, runtime, tp, ep, dtype, quant, "
                                                "kv_dtype, gpu, memory_fraction, max_batch_size, max_seq_len, "
                                                "moe_backend, draft_attention_backend, cuda_graph_batch_sizes)")
+
+
+def test_tensorrt_build_runs_trtexec_with_the_plugin_and_a_shape_profile(tiny_preset, tiny_pair_hd64, tmp_path,
+                                                                         monkeypatch):
+    # A stand-in trtexec (TensorRT cannot be installed here) that records its arguments and writes the plan.
+    bin_dir, lib_dir = tmp_path / "bin", tmp_path / "lib"
+    bin_dir.mkdir(), lib_dir.mkdir()
+    (lib_dir / "libdflash_attention_trt.so").write_bytes(b"")
+    args_file = tmp_path / "trtexec-args"
+    script = bin_dir / "trtexec"
+    script.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > " + str(args_file) + "\n"
+                      "for a in \"$@\"; do case $a in --saveEngine=*) echo plan > \"${a#--saveEngine=}\";; esac; done\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("DFLASH_PLUGIN_DIR", str(lib_dir))
+    out = tmp_path / "engine"
+    result = build_engine(BuildRequest(model=str(tiny_preset), runtime="tensorrt", target=tiny_pair_hd64 / "target",
+                                       drafter=tiny_pair_hd64 / "drafter", out=out), log=quiet)
+    args = args_file.read_text().splitlines()
+    assert f"--onnx={out / 'drafter.onnx'}" in args and "--stronglyTyped" in args
+    assert f"--dynamicPlugins={lib_dir / 'libdflash_attention_trt.so'}" in args
+    min_shapes = next(a for a in args if a.startswith("--minShapes="))
+    max_shapes = next(a for a in args if a.startswith("--maxShapes="))
+    assert "block_embeds:1x8x256" in min_shapes and "cache_k_0:1x2x1x64" in min_shapes
+    assert "features:4x512x" in max_shapes and "cache_v_1:4x2x512x64" in max_shapes  # max batch 4, 512 tokens
+    assert result.manifest["artifacts"]["tensorrt_plan"] == "drafter.plan" and result.pending == []
+    assert load_engine(out, load_models=False).tensorrt_plan == out / "drafter.plan"

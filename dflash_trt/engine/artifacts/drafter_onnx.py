@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from ...config import DrafterConfig
 from ...errors import DFlashError
 from ..needs import StepUnavailable, trtexec_path
 
@@ -18,13 +19,16 @@ PLAN_NAME = "drafter.plan"
 TRT_PLUGIN_TARGET = "dflash_attention_trt"
 
 
-def export_onnx(drafter_dir: Path, out: Path) -> Path:
+def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32") -> Path:
+    """Export with float32 values unless the engine is float16 (onnxruntime/numpy have no bfloat16)."""
+    import torch
+
     try:
         from ...plugin.export import export_drafter_onnx
     except ImportError:
         raise StepUnavailable("drafter-onnx", "the drafter ONNX exporter (dflash_trt.plugin.export), which is not "
                               "yet available in this version", "build with --runtime torch meanwhile") from None
-    export_drafter_onnx(drafter_dir, out)
+    export_drafter_onnx(drafter_dir, out, dtype=torch.float16 if dtype == "float16" else torch.float32)
     if not out.is_file():
         raise DFlashError(f"the ONNX exporter did not write {out}")
     return out
@@ -36,12 +40,31 @@ def plugin_library() -> Path:
     return build.library_path(getattr(build, "TRT_TARGET", TRT_PLUGIN_TARGET))
 
 
-def trtexec_command(onnx: Path, plan: Path, library: Path) -> list[str]:
+def shape_profile(config: DrafterConfig, max_batch_size: int, max_seq_len: int) -> dict[str, list[str]]:
+    """trtexec min/opt/max shapes of the exported graph's inputs (names and layout of plugin.export).
+
+    Dynamic: batch B, new context rows C (1 after a verify step, up to a whole prompt at prefill) and the
+    cache capacity Cmax (the runtime allocates max_seq_len rows). The block S is fixed by the export.
+    """
+    s, d, k = config.block_size, config.hidden_size, config.num_target_features
+    hkv, dh = config.num_key_value_heads, config.head_dim
+    sizes = {"min": (1, 1, 1), "opt": (min(8, max_batch_size), s, max_seq_len),
+             "max": (max_batch_size, max_seq_len, max_seq_len)}
+    profile = {}
+    for name, (b, c, cmax) in sizes.items():
+        shapes = [f"block_embeds:{b}x{s}x{d}", f"features:{b}x{c}x{k * d}", f"cache_lens:{b}", f"ctx_lens:{b}"]
+        shapes += [f"cache_{kv}_{i}:{b}x{hkv}x{cmax}x{dh}" for i in range(config.num_hidden_layers) for kv in "kv"]
+        profile[name] = shapes
+    return profile
+
+
+def trtexec_command(onnx: Path, plan: Path, library: Path, profile: dict[str, list[str]]) -> list[str]:
     # TensorRT 10+/11 networks are strongly typed: precisions come from the ONNX graph, not builder flags.
-    return ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}", "--stronglyTyped", f"--dynamicPlugins={library}"]
+    return ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}", "--stronglyTyped", f"--dynamicPlugins={library}",
+            *(f"--{name}Shapes={','.join(shapes)}" for name, shapes in profile.items())]
 
 
-def build_plan(onnx: Path, plan: Path) -> Path:
+def build_plan(onnx: Path, plan: Path, config: DrafterConfig, max_batch_size: int, max_seq_len: int) -> Path:
     """Compile the drafter ONNX into a TensorRT engine with trtexec and the plugin library."""
     if trtexec_path() is None:
         raise StepUnavailable("tensorrt-build", "TensorRT (trtexec) and a CUDA GPU")
@@ -49,7 +72,8 @@ def build_plan(onnx: Path, plan: Path) -> Path:
     if not library.is_file():
         raise StepUnavailable("tensorrt-build", f"the TensorRT plugin library {library} (`make plugins` builds it "
                               "where TensorRT headers are found)")
-    proc = subprocess.run(trtexec_command(onnx, plan, library), capture_output=True, text=True)
+    command = trtexec_command(onnx, plan, library, shape_profile(config, max_batch_size, max_seq_len))
+    proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = " ".join(proc.stdout.splitlines()[-3:] + proc.stderr.splitlines()[-3:])
         raise DFlashError(f"trtexec failed to build {plan.name}: {tail[-400:]}")
