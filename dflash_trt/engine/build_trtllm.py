@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import steps
 from .artifacts import trtllm
-from .build import unavailable
+from .build import run_step, unavailable
 from .needs import StepUnavailable
 from .presets import Preset
 from .quantize import quantize_target
@@ -17,28 +17,43 @@ def build_trtllm(preset: Preset, pair, engine_dir: Path, progress: steps.Progres
                  pending: steps.Pending) -> dict[str, str]:
     log = progress.log
     progress.step(f"prepare the target, quantize ({preset.quant})")
-    try:
-        quantize_target(preset.quant, preset.runtime, pair.target.path, engine_dir / "quantization", preset.dtype, log)
-    except StepUnavailable as exc:
-        unavailable(pending, exc, True, log)
+    links = [("target", pair.target.path), ("drafter", pair.drafter.path)]
+    if preset.quant in ("fp8", "nvfp4"):
+        # The quantized checkpoint is written into the engine as target/; TensorRT-LLM loads it from there.
+        links = links[1:]
+        quantized = engine_dir / "target"
+        if quantized.is_symlink():
+            quantized.unlink()
+        fingerprint = {"source": steps.file_fingerprint(pair.target.path / "config.json"), "quant": preset.quant}
+        try:
+            run_step("quantize", engine_dir, fingerprint, [quantized], lambda: quantize_target(
+                preset.quant, preset.runtime, pair.target.path, quantized, preset.dtype, log), log)
+        except StepUnavailable as exc:
+            unavailable(pending, exc, True, log)
+    else:
+        quantize_target(preset.quant, preset.runtime, pair.target.path, engine_dir / "target", preset.dtype, log)
 
     progress.step("write trtllm artifacts")
-    for name, found in (("target", pair.target), ("drafter", pair.drafter)):
+    for name, path in links:
         link = engine_dir / name
-        if link.is_symlink() and link.resolve() == found.path:
+        if link.is_symlink() and link.resolve() == path:
             log(f"  {name}: up to date")
             continue
         if link.is_symlink() or link.exists():
             _remove(link)
-        os.symlink(found.path, link, target_is_directory=True)
-        log(f"  linking {link} -> {found.path}")
+        os.symlink(path, link, target_is_directory=True)
+        log(f"  linking {link} -> {path}")
 
     options = trtllm.trtllm_options(preset, pair.arch, pair.drafter_config, pair.drafter.path)
     path = engine_dir / trtllm.OPTIONS_NAME
-    trtllm.write_options(options, path, str(pair.target.path))
+    target = (engine_dir / "target").resolve()
+    trtllm.write_options(options, path, str(target))
     log(f"  wrote {path} (TensorRT-LLM {trtllm.TRTLLM_VERSION} fields)")
+    if pending.has("quantize"):
+        pending.skipped("trtllm-check", "quantize", blocking=False)
+        return {"target": "target", "drafter": "drafter", "trtllm_options": trtllm.OPTIONS_NAME}
     try:
-        version = trtllm.check_with_trtllm(options, pair.target.path)
+        version = trtllm.check_with_trtllm(options, target)
         log(f"  TensorRT-LLM {version} accepts the options")
     except StepUnavailable as exc:
         # The options are complete; only the check against an installed TensorRT-LLM could not run.

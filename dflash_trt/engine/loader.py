@@ -60,7 +60,7 @@ def load_engine(engine_dir: str | Path, verify: bool = True, load_models: bool =
     if "tensorrt_plan" in artifacts:
         engine.tensorrt_plan = engine_dir / artifacts["tensorrt_plan"]
     if engine.runtime == "trtllm":
-        engine.llm_options = _llm_options(engine_dir, manifest)
+        engine.llm_options = _llm_options(engine)
     elif load_models:
         _load_models(engine, device)
     return engine
@@ -89,8 +89,9 @@ def _load_models(engine: Engine, device: str) -> None:
         engine.drafter = OnnxDrafter(engine.drafter_onnx, engine.drafter_config)
 
 
-def _llm_options(engine_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def _llm_options(engine: Engine) -> dict[str, Any]:
     import yaml
 
-    options = yaml.safe_load((engine_dir / manifest["artifacts"]["trtllm_options"]).read_text())
-    return {"model": manifest["target"]["source"], **options}
+    options = yaml.safe_load((engine.directory / engine.manifest["artifacts"]["trtllm_options"]).read_text())
+    # target/ is a link to the checkpoint, or the quantized checkpoint the build wrote
+    return {"model": str(engine.target_path.resolve()), **options}

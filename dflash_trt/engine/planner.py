@@ -7,7 +7,6 @@ per sequence, not per token. The drafter keeps its own per-layer cache of contex
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..config import DrafterConfig

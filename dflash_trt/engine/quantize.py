@@ -57,18 +57,50 @@ def check_quant(quant: str, arch: TargetArch, runtime: str, target_name: str) ->
 
 def quantize_target(quant: str, runtime: str, target_dir: Path, state_path: Path, dtype: str,
                     log: Callable[[str], None]) -> Path | None:
-    """Calibrate the target in `target_dir` and save ModelOpt's state to `state_path` (the target's own
-    files are never modified: it may be a link into a shared checkpoint). Returns the file written, if any."""
+    """Calibrate the target in `target_dir`; the result goes to `state_path`: ModelOpt's state file for the
+    local runtimes, a quantized checkpoint directory for trtllm. The target's own files are never modified
+    (it may be a link into a shared checkpoint). Returns what was written, if anything."""
     if quant in ("none", "mxfp4"):
         log("  nothing to do" if quant == "none" else "  MXFP4 experts kept as shipped")
         return None
     if quant == "nvfp4" and not has_cuda():
         raise StepUnavailable("quantize", "a CUDA GPU (ModelOpt computes NVFP4 scales on the GPU)")
+    state_path.parent.mkdir(parents=True, exist_ok=True)
     if runtime == "trtllm":
-        # TensorRT-LLM loads a ModelOpt-exported quantized checkpoint; exporting one for a large target
-        # means loading it on GPUs.
-        raise StepUnavailable("quantize", "a CUDA GPU to calibrate and export a quantized checkpoint for TensorRT-LLM")
+        return export_for_trtllm(quant, target_dir, state_path, dtype, log)
     return _fake_quantize(quant, target_dir, state_path, dtype, log)
+
+
+def export_for_trtllm(quant: str, target_dir: Path, out_dir: Path, dtype: str, log: Callable[[str], None]) -> Path:
+    """Calibrate on the GPUs (weights and activations) and write the ModelOpt-quantized Hugging Face
+    checkpoint that TensorRT-LLM loads; a large target is spread over every visible GPU."""
+    if not has_cuda():
+        raise StepUnavailable("quantize", f"CUDA GPUs (ModelOpt calibrates {quant} for TensorRT-LLM on them)")
+    import shutil
+
+    import torch
+
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype), device_map="auto")
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+
+    def calibrate(m):
+        with torch.inference_mode():
+            for prompt in CALIBRATION_PROMPTS:
+                m(tokenizer(prompt, return_tensors="pt").input_ids.to(m.device))
+
+    log(f"  ModelOpt {quant}: calibrating on {len(CALIBRATION_PROMPTS)} prompts, exporting for TensorRT-LLM")
+    config = {"fp8": mtq.FP8_DEFAULT_CFG, "nvfp4": mtq.NVFP4_DEFAULT_CFG}[quant]
+    model = mtq.quantize(model, config, calibrate)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    export_hf_checkpoint(model, export_dir=tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out_dir)
+    return out_dir
 
 
 def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, log: Callable[[str], None]) -> Path:

@@ -122,3 +122,37 @@ def test_options_are_checked_with_tensorrt_llm_where_it_is_installed(monkeypatch
     options = options_for("gpt-oss-120b")
     assert trtllm.check_with_trtllm(options, tmp_path) == "1.3.0"
     assert seen["model"] == str(tmp_path) and seen["speculative_config"]["decoding_type"] == "DFlash"
+
+
+def test_fp8_for_tensorrt_llm_needs_gpus_and_blocks_the_engine(published_checkpoints, tmp_path):
+    from dflash_trt.engine.manifest import EngineError
+
+    out = tmp_path / "engine"
+    with pytest.raises(StepUnavailable, match="step 'quantize' needs CUDA GPUs"):
+        build_engine(BuildRequest(model="qwen3-8b", quant="fp8", checkpoints_dir=published_checkpoints, out=out),
+                     log=lambda line: None)
+    steps = {p["step"]: p for p in yaml.safe_load((out / "manifest.json").read_text())["pending_steps"]}
+    assert steps["quantize"]["blocking"] and "trtllm-check" in steps
+    with pytest.raises(EngineError, match="incomplete trtllm engine, step 'quantize'"):
+        load_engine(out)
+
+
+def test_quantized_checkpoint_for_tensorrt_llm_becomes_the_engine_target(published_checkpoints, tmp_path,
+                                                                         monkeypatch):
+    from dflash_trt.engine import quantize
+
+    def fake_export(quant, target_dir, out_dir, dtype, log):  # ModelOpt's GPU export cannot run here
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text((target_dir / "config.json").read_text())
+        (out_dir / "model.safetensors").write_bytes(b"fp8 weights")
+        return out_dir
+
+    monkeypatch.setattr(quantize, "export_for_trtllm", fake_export)
+    out = tmp_path / "engine"
+    with pytest.raises(StepUnavailable, match="trtllm-check"):
+        build_engine(BuildRequest(model="qwen3-8b", quant="fp8", checkpoints_dir=published_checkpoints, out=out),
+                     log=lambda line: None)
+    engine = load_engine(out)
+    assert not (out / "target").is_symlink() and "target/model.safetensors" in engine.manifest["files"]
+    assert engine.llm_options["model"] == str((out / "target").resolve())
+    assert engine.manifest["quant_scheme"].startswith("fp8 weights and activations")
