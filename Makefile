@@ -31,8 +31,10 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 ADDRESS ?= 127.0.0.1
 READY_TIMEOUT ?= 300
+# Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
+BENCH_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -69,6 +71,9 @@ repo: setup ## Render the Triton model repository: ENGINE=engines/<name> [OUT=mo
 serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]
 	$(BIN)/dflash-trt serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --address $(ADDRESS) --ready-timeout $(READY_TIMEOUT)
+
+bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
+	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"

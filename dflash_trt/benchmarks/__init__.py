@@ -1,0 +1,24 @@
+"""`make bench`: the in-process block-size sweep, the serving load test and the report they produce.
+
+Modules: config (BenchConfig, the one place of every default), prompts (held-out prompt sets),
+sweep (tau and decode-phase speedup against block size 1, interleaved), loadgen (gRPC streaming load
+at a fixed concurrency), serving (Triton repositories for DFlash and plain decoding, one server each),
+report (summary.json and the printed table), plots (matplotlib PNGs), run (all of it, in order).
+"""
+
+from __future__ import annotations
+
+__all__ = ["BenchConfig", "run_bench"]
+
+
+def __getattr__(name: str):
+    # Lazy: importing the package must not pull in torch, tritonclient or matplotlib.
+    if name == "BenchConfig":
+        from .config import BenchConfig
+
+        return BenchConfig
+    if name == "run_bench":
+        from .run import run_bench
+
+        return run_bench
+    raise AttributeError(name)

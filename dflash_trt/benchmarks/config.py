@@ -1,0 +1,63 @@
+"""BenchConfig: every setting of `make bench` with its one default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DFlashError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROMPTS_DIR = REPO_ROOT / "data" / "prompts"
+
+
+@dataclass
+class BenchConfig:
+    """What to measure and how long. Empty tuples mean: derive (every family, 2, 4, 8 .. the engine's)."""
+
+    engine: Path = REPO_ROOT / "engines" / "smollm2-135m"
+    out: Path = REPO_ROOT / "out" / "bench"
+    prompts_dir: Path = PROMPTS_DIR  # <dir>/<family>/heldout.jsonl
+    families: tuple[str, ...] = ()
+    num_prompts: int = 8  # per family
+    max_new_tokens: int = 96
+    block_sizes: tuple[int, ...] = ()
+    chat: bool = True  # wrap prompts in the tokenizer's chat template (as the drafter was trained)
+    num_threads: int = 0  # torch CPU threads in process and per dflash instance; 0: torch's choice
+    serving: bool = True
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    duration_s: float = 30.0  # per concurrency level; requests started before the end are awaited
+    instances: int = 2  # dflash model instances of each served repository
+    request_timeout_s: float = 600.0
+    ready_timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        for name in ("num_prompts", "max_new_tokens", "instances"):
+            if getattr(self, name) < 1:
+                raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_threads < 0:
+            raise DFlashError(f"num_threads must be >= 0, got {self.num_threads}")
+        if any(size < 2 for size in self.block_sizes):
+            raise DFlashError(f"block sizes must be >= 2 (1 is the baseline, always run), got {self.block_sizes}")
+        if not self.concurrency or any(level < 1 for level in self.concurrency):
+            raise DFlashError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if self.duration_s <= 0:
+            raise DFlashError(f"duration_s must be > 0, got {self.duration_s}")
+
+
+def default_block_sizes(max_block_size: int) -> tuple[int, ...]:
+    """2, 4, 8, ... below the drafter's block size, then the drafter's own."""
+    sizes, size = [], 2
+    while size < max_block_size:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_block_size) if max_block_size >= 2 else ()
+
+
+def resolve_block_sizes(requested: tuple[int, ...], max_block_size: int) -> tuple[int, ...]:
+    if not requested:
+        return default_block_sizes(max_block_size)
+    too_large = [size for size in requested if size > max_block_size]
+    if too_large:
+        raise DFlashError(f"block sizes {too_large} exceed the engine's block_size {max_block_size}")
+    return tuple(sorted(set(requested)))

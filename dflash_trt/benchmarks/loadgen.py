@@ -1,0 +1,170 @@
+"""Closed-loop load generator: N workers, each with its own gRPC stream, send streaming requests
+back to back for a fixed duration; requests started before the deadline are awaited.
+
+Latency definitions (per request, then pooled over the requests of one level):
+- time to first token (TTFT): from sending the request to the first response that carries tokens;
+- inter-token latency (ITL): the gap between two responses divided over the tokens of the later one,
+  one sample per token, so a DFlash chunk of 5 tokens after 50 ms counts as 5 tokens at 10 ms;
+- time per output token (TPOT): (end - first token) / (tokens - 1), averaged over requests;
+- output tokens/s: tokens of the successful requests / (last completion - start of the level).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+class Stream(Protocol):
+    """What a worker needs from a client (dflash_trt.serving.client.GrpcStream)."""
+
+    def chunks(self, text: str, max_tokens: int, timeout_s: float = ..., **params): ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RequestRecord:
+    start_s: float
+    end_s: float
+    num_output_tokens: int = 0
+    ttft_s: float | None = None
+    token_gaps_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.num_output_tokens < 2:
+            return None
+        return (self.end_s - self.start_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+@dataclass
+class LoadLevel:
+    """The requests of one concurrency level and the wall time they took."""
+
+    concurrency: int
+    duration_s: float
+    records: list[RequestRecord]
+
+    def summary(self) -> dict:
+        ok = [r for r in self.records if r.ok]
+        tokens = sum(r.num_output_tokens for r in ok)
+        ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+        gaps = [g for r in ok for g in r.token_gaps_s]
+        tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
+        errors = [r.error for r in self.records if not r.ok]
+        return {
+            "concurrency": self.concurrency,
+            "duration_s": self.duration_s,
+            "num_requests": len(self.records),
+            "num_errors": len(errors),
+            "error_examples": sorted(set(errors))[:3],
+            "output_tokens": tokens,
+            "output_tokens_per_s": tokens / self.duration_s if self.duration_s > 0 else 0.0,
+            "requests_per_s": len(ok) / self.duration_s if self.duration_s > 0 else 0.0,
+            "ttft_ms": _percentiles(ttft),
+            "itl_ms": _percentiles(gaps),
+            "tpot_ms": 1e3 * statistics.fmean(tpot) if tpot else None,
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _percentiles(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"p50": None, "p99": None, "mean": None}
+    return {"p50": 1e3 * percentile(seconds, 50), "p99": 1e3 * percentile(seconds, 99),
+            "mean": 1e3 * statistics.fmean(seconds)}
+
+
+def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency: int, duration_s: float,
+              max_tokens: int, request_timeout_s: float = 600.0, clock=time.perf_counter, **params) -> LoadLevel:
+    """Keep `concurrency` requests in flight for duration_s; returns every request's record."""
+    prompt_cycle = itertools.cycle(prompts)
+    lock = threading.Lock()
+    records: list[RequestRecord] = []
+    start = clock()
+    deadline = start + duration_s
+
+    def next_prompt() -> str:
+        with lock:
+            return next(prompt_cycle)
+
+    def worker() -> None:
+        stream = None
+        while clock() < deadline:
+            if stream is None:
+                stream, record = _open(open_stream, clock)
+            if stream is not None:
+                record = _one_request(stream, next_prompt(), max_tokens, request_timeout_s, clock, params)
+            with lock:
+                records.append(record)
+            if not record.ok:
+                # A failed stream may still deliver the old request's responses: start a fresh one.
+                _close(stream)
+                stream = None
+        _close(stream)
+
+    threads = [threading.Thread(target=worker, name=f"load-{i}", daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    end = max((r.end_s for r in records), default=clock())
+    return LoadLevel(concurrency, end - start, sorted(records, key=lambda r: r.start_s))
+
+
+def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, clock, params: dict) -> RequestRecord:
+    record = RequestRecord(start_s=clock(), end_s=0.0)
+    last = record.start_s
+    try:
+        for chunk in stream.chunks(text, max_tokens, timeout_s=timeout_s, **params):
+            now = clock()
+            total = int(chunk.get("num_output_tokens", record.num_output_tokens))
+            new = total - record.num_output_tokens
+            if new <= 0:
+                continue
+            if record.ttft_s is None:
+                record.ttft_s = now - record.start_s
+            else:
+                record.token_gaps_s += [(now - last) / new] * new
+            record.num_output_tokens, last = total, now
+    except Exception as error:  # noqa: BLE001 - every failure is a counted error, not a crash of the run
+        record.error = f"{type(error).__name__}: {error}".strip()[:300]
+    record.end_s = clock()
+    return record
+
+
+def _open(open_stream: Callable[[], Stream], clock) -> tuple[Stream | None, RequestRecord | None]:
+    """A new stream, or (None, an error record) when the server cannot be reached."""
+    start = clock()
+    try:
+        return open_stream(), None
+    except Exception as error:  # noqa: BLE001 - counted like a failed request
+        time.sleep(0.5)  # do not spin on a server that is down
+        return None, RequestRecord(start, clock(), error=f"{type(error).__name__}: {error}"[:300])
+
+
+def _close(stream: Stream | None) -> None:
+    if stream is None:
+        return
+    try:
+        stream.close()
+    except Exception:  # noqa: BLE001 - closing a broken stream must not stop the level
+        pass

@@ -1,0 +1,124 @@
+"""summary.json and the printed table.
+
+summary.json keys: engine, block_size (the headline size: the largest swept), machine, settings,
+tau, speedup, identical, acceptance_histogram (all at the headline size, over every prompt),
+sweep {block size: figures}, per_family {family: the same figures plus its own sweep}, and serving
+({"dflash"|"plain": {concurrency: load figures}, "speedup": {concurrency: tokens/s ratio}}, or null
+when the serving part was skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from .sweep import SweepResult
+
+SUMMARY_NAME = "summary.json"
+
+
+def machine_info() -> dict:
+    """What the figures were measured on; the load average tells whether the machine was shared."""
+    import torch
+
+    return {
+        "cpu": _cpu_model(),
+        "num_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def figures(sweep: SweepResult, block_size: int, family: str | None = None) -> dict:
+    return sweep.report(block_size, family).to_dict()
+
+
+def build_summary(engine: str, sweep: SweepResult, serving: dict | None, machine: dict, settings: dict) -> dict:
+    headline = max(sweep.block_sizes)
+    overall = figures(sweep, headline)
+    per_family = {}
+    for family in sweep.family_names:
+        own = figures(sweep, headline, family)
+        own["sweep"] = {str(size): figures(sweep, size, family) for size in sweep.block_sizes}
+        per_family[family] = own
+    return {
+        "engine": engine,
+        "block_size": headline,
+        "machine": machine,
+        "settings": settings,
+        "tau": overall["tau"],
+        "speedup": overall["speedup"],
+        "identical": all(sweep.report(size).identical for size in sweep.block_sizes),
+        "acceptance_histogram": overall["acceptance_histogram"],
+        "sweep": {str(size): figures(sweep, size) for size in sweep.block_sizes},
+        "per_family": per_family,
+        "serving": serving,
+    }
+
+
+def write_summary(summary: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / SUMMARY_NAME
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def format_table(summary: dict) -> str:
+    """The report as fixed-width text: the in-process sweep per family, then the serving levels."""
+    s = summary["settings"]
+    lines = [f"In process: {summary['engine']}, greedy, {s['num_prompts']} prompts per family, "
+             f"{s['max_new_tokens']} new tokens; speedup = decode-phase TPOT of block size 1 / DFlash",
+             f"{'family':<14}{'block':>6}{'tau':>7}{'speedup':>9}{'TPOT ms':>17}{'identical':>11}"]
+    rows = [(family, data["sweep"]) for family, data in summary["per_family"].items()]
+    rows.append(("all", summary["sweep"]))
+    for name, sweep in rows:
+        for size, f in sweep.items():
+            tpot = f"{f['tpot_ms']['dflash']:.1f} / {f['tpot_ms']['baseline']:.1f}"
+            lines.append(f"{name:<14}{size:>6}{f['tau']:>7.2f}{f['speedup']:>8.2f}x{tpot:>17}"
+                         f"{'yes' if f['identical'] else 'NO':>11}")
+    histogram = " ".join(f"{k}:{v}" for k, v in summary["acceptance_histogram"].items())
+    lines.append(f"acceptance length histogram (block {summary['block_size']}, all families): {histogram}")
+    if summary["serving"]:
+        lines += [""] + _serving_lines(summary["serving"], s)
+    return "\n".join(lines)
+
+
+def _serving_lines(serving: dict, settings: dict) -> list[str]:
+    lines = [f"Serving: Triton ensemble, gRPC streaming, {settings['duration_s']:.0f} s per level, "
+             f"{settings['instances']} dflash instances; DFlash vs plain decoding (block size 1)",
+             f"{'mode':<8}{'conc':>5}{'tok/s':>9}{'TTFT p50/p99 ms':>19}{'ITL p50/p99 ms':>18}{'TPOT ms':>9}"
+             f"{'requests':>10}{'errors':>8}"]
+    for mode in ("dflash", "plain"):
+        for level, r in serving[mode].items():
+            lines.append(f"{mode:<8}{level:>5}{r['output_tokens_per_s']:>9.1f}{_pair(r['ttft_ms']):>19}"
+                         f"{_pair(r['itl_ms']):>18}{_ms(r['tpot_ms']):>9}{r['num_requests']:>10}{r['num_errors']:>8}")
+    ratios = " ".join(f"c={level}: {_times(ratio)}" for level, ratio in serving["speedup"].items())
+    lines.append(f"throughput speedup (DFlash / plain): {ratios}")
+    return lines
+
+
+def _pair(values: dict) -> str:
+    return f"{_ms(values['p50'])} / {_ms(values['p99'])}"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _times(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"

@@ -1,0 +1,87 @@
+"""run_bench: the in-process sweep, then (optionally) the serving load test, then summary.json and plots."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from ..errors import DFlashError
+from .config import BenchConfig, resolve_block_sizes
+
+LOCAL_RUNTIMES = ("torch", "onnx")
+
+
+def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Measure the engine as configured; writes config.out/summary.json and PNG plots, returns the summary."""
+    from .plots import write_plots
+    from .prompts import heldout_prompts
+    from .report import build_summary, machine_info, write_summary
+
+    config.validate()
+    records = heldout_prompts(config.prompts_dir, config.families, config.num_prompts)
+    machine = machine_info()
+    engine_name, block_sizes, sweep = _in_process(config, records, log)
+    gc.collect()  # the served instances load their own copies of the models
+    serving = None
+    if config.serving:
+        from .serving import run_serving
+
+        serving = run_serving(config, [r.prompt for r in records], log)
+    machine["load_average_end"] = list(os.getloadavg())
+    settings = {**asdict(config), "block_sizes": list(block_sizes), "families": sweep.family_names}
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    summary = build_summary(engine_name, sweep, serving, machine, settings)
+    out = Path(config.out)
+    log(f"summary: {write_summary(summary, out)}")
+    for path in write_plots(summary, out):
+        log(f"plot: {path}")
+    return summary
+
+
+def _in_process(config: BenchConfig, records, log):
+    from ..commands._options import default_stop_ids, encode_prompt
+    from ..engine import load_engine
+    from ..sampling import SamplingParams
+    from .sweep import run_sweep
+
+    _set_threads(config.num_threads)
+    log(f"loading {config.engine}")
+    engine = load_engine(config.engine)
+    if engine.runtime not in LOCAL_RUNTIMES:
+        raise DFlashError(f"{config.engine}: the in-process benchmark runs {' and '.join(LOCAL_RUNTIMES)} engines, "
+                          f"not {engine.runtime}")
+    block_sizes = resolve_block_sizes(config.block_sizes, engine.block_size)
+    target, drafter = engine.target, _drafter(engine)
+    if config.chat and not getattr(target.tokenizer, "chat_template", None):
+        raise DFlashError(f"{config.engine}: the target's tokenizer has no chat template (use --no-chat)")
+    prompts = [encode_prompt(target, r.prompt, config.chat) for r in records]
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, stop_token_ids=tuple(default_stop_ids(target)))
+    log(f"in process: {len(prompts)} prompts x block sizes 1, {', '.join(map(str, block_sizes))} (interleaved)")
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r[{done}/{total}]", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    sweep = run_sweep(target, drafter, prompts, [r.family for r in records], params, block_sizes, progress)
+    return Path(config.engine).name, block_sizes, sweep
+
+
+def _drafter(engine):
+    if engine.runtime == "torch":
+        return engine.drafter
+    import torch
+
+    from ..plugin.onnx_runtime import load_onnx_drafter
+
+    return load_onnx_drafter(engine.drafter_path, dtype=getattr(torch, engine.manifest["dtype"]),
+                             onnx_path=engine.drafter_onnx)
+
+
+def _set_threads(num_threads: int) -> None:
+    if num_threads > 0:
+        import torch
+
+        torch.set_num_threads(num_threads)

@@ -1,0 +1,57 @@
+"""`dflash-trt bench-report` (`make bench`): block-size sweep in process, serving load test, summary and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._options import int_list
+from ..benchmarks.config import BenchConfig
+
+
+def register(subparsers) -> None:
+    d = BenchConfig()
+    parser = subparsers.add_parser(
+        "bench-report", help="benchmark an engine in process and through Triton; write summary.json and plots",
+        description="Per prompt family: tau, acceptance-length histogram and decode-phase speedup vs block size 1 "
+                    "for a sweep of block sizes (interleaved, one run); then the Triton ensemble under load at "
+                    "each concurrency, DFlash against plain decoding served the same way.")
+    parser.add_argument("--engine", type=Path, default=d.engine, help="engine directory (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=d.out, help="output directory (default: %(default)s)")
+    parser.add_argument("--prompts-dir", type=Path, default=d.prompts_dir,
+                        help="held-out prompt sets, <dir>/<family>/heldout.jsonl (default: %(default)s)")
+    parser.add_argument("--families", type=_names, default=d.families, help="comma-separated (default: all)")
+    parser.add_argument("--num-prompts", type=int, default=d.num_prompts, help="per family (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
+    parser.add_argument("--block-sizes", type=int_list, default=d.block_sizes,
+                        help="e.g. 2,4,8 (default: 2, 4, 8, ... up to the engine's block size)")
+    parser.add_argument("--no-chat", dest="chat", action="store_false",
+                        help="feed prompts verbatim instead of through the tokenizer's chat template")
+    parser.add_argument("--num-threads", type=int, default=d.num_threads,
+                        help="torch CPU threads in process and per served instance (default 0: torch's choice)")
+    parser.add_argument("--no-serving", dest="serving", action="store_false", help="skip the Triton load test")
+    parser.add_argument("--concurrency", type=int_list, default=d.concurrency,
+                        help="concurrency levels (default: 1,4,16)")
+    parser.add_argument("--duration", type=float, default=d.duration_s,
+                        help="seconds per concurrency level (default: %(default)s)")
+    parser.add_argument("--instances", type=int, default=d.instances,
+                        help="dflash model instances per served repository (default: %(default)s)")
+    parser.set_defaults(func=run)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def run(args) -> int:
+    from ..benchmarks.report import format_table
+    from ..benchmarks.run import run_bench
+
+    config = BenchConfig(
+        engine=args.engine, out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),
+        num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
+        chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
+        duration_s=args.duration, instances=args.instances)
+    summary = run_bench(config, log=lambda line: print(line, flush=True))
+    print()
+    print(format_table(summary))
+    return 0

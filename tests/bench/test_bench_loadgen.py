@@ -1,0 +1,63 @@
+"""The load generator: latency bookkeeping per request, errors counted, streams replaced after a failure."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dflash_trt.benchmarks.loadgen import percentile, run_level
+
+
+class FakeStream:
+    """Answers every request with chunks of 1, 3 and 2 tokens, 5 ms apart; `fail` makes it raise."""
+
+    opened = 0
+
+    def __init__(self, fail=False):
+        FakeStream.opened += 1
+        self.fail = fail
+
+    def chunks(self, text, max_tokens, timeout_s=0.0, **params):
+        if self.fail:
+            raise RuntimeError("server said no")
+        total = 0
+        for size in (1, 3, 2):
+            time.sleep(0.005)
+            total += size
+            yield {"text_output": "x" * size, "num_output_tokens": total}
+
+    def close(self):
+        pass
+
+
+def test_records_ttft_and_one_gap_per_token_after_the_first_chunk():
+    level = run_level(FakeStream, ["a", "b"], concurrency=2, duration_s=0.05, max_tokens=6)
+    summary = level.summary()
+    assert summary["num_requests"] >= 2 and summary["num_errors"] == 0
+    assert all(r.num_output_tokens == 6 and len(r.token_gaps_s) == 5 for r in level.records)
+    assert summary["output_tokens"] == 6 * summary["num_requests"]
+    assert 0 < summary["ttft_ms"]["p50"] and summary["itl_ms"]["p50"] <= summary["itl_ms"]["p99"]
+    assert summary["output_tokens_per_s"] > 0
+
+
+def test_counts_errors_and_opens_a_new_stream_after_each():
+    FakeStream.opened = 0
+    level = run_level(lambda: FakeStream(fail=True), ["a"], concurrency=1, duration_s=0.02, max_tokens=6)
+    summary = level.summary()
+    assert summary["num_errors"] == summary["num_requests"] >= 1
+    assert FakeStream.opened == summary["num_requests"]
+    assert summary["error_examples"] == ["RuntimeError: server said no"] and summary["output_tokens"] == 0
+
+
+def test_an_unreachable_server_is_an_error_not_a_crash():
+    def refuse():
+        raise ConnectionError("connection refused")
+
+    summary = run_level(refuse, ["a"], concurrency=1, duration_s=0.01, max_tokens=6).summary()
+    assert summary["num_errors"] >= 1 and "ConnectionError" in summary["error_examples"][0]
+
+
+@pytest.mark.parametrize("q, expected", [(0, 1.0), (50, 2.5), (100, 4.0)])
+def test_percentile_interpolates(q, expected):
+    assert percentile([4.0, 1.0, 3.0, 2.0], q) == expected

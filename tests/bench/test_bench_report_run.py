@@ -1,0 +1,75 @@
+"""A short in-process benchmark run works and writes the documented summary.json and plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_trt.benchmarks.config import BenchConfig, default_block_sizes
+from dflash_trt.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SUMMARY_KEYS = {"engine", "block_size", "machine", "settings", "tau", "speedup", "identical",
+                "acceptance_histogram", "sweep", "per_family", "serving"}
+FIGURE_KEYS = {"block_size", "num_prompts", "tau", "speedup", "identical", "acceptance_histogram", "tpot_ms"}
+
+
+@pytest.fixture(scope="module")
+def short_run(bench_engine, bench_prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    code = main(["bench-report", "--engine", str(bench_engine), "--out", str(out), "--prompts-dir", str(bench_prompts),
+                 "--num-prompts", "2", "--max-new-tokens", "6", "--num-threads", "1", "--no-serving"])
+    return code, out
+
+
+def test_short_run_succeeds_and_writes_the_summary(short_run):
+    code, out = short_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0
+    assert set(summary) == SUMMARY_KEYS and summary["serving"] is None
+    assert summary["block_size"] == 4 and summary["identical"] is True
+
+
+def test_summary_has_figures_per_family_and_block_size(short_run):
+    summary = json.loads((short_run[1] / "summary.json").read_text())
+    assert set(summary["per_family"]) == {"math", "chat"}
+    assert set(summary["sweep"]) == {"2", "4"}
+    for family in summary["per_family"].values():
+        assert FIGURE_KEYS <= set(family) and set(family["sweep"]) == {"2", "4"}
+        assert family["num_prompts"] == 2
+        assert set(family["acceptance_histogram"]) == {"1", "2", "3", "4"}
+    assert summary["settings"]["block_sizes"] == [2, 4] and summary["settings"]["max_new_tokens"] == 6
+
+
+def test_plots_are_png_files(short_run):
+    for name in ("sweep.png", "acceptance_histogram.png"):
+        assert (short_run[1] / name).read_bytes()[:8] == PNG_MAGIC, name
+    assert not (short_run[1] / "serving.png").exists()
+
+
+def test_prints_a_table_per_family_and_block_size(short_run, capsys):
+    # The module fixture ran before capture of this test: run the table formatter on the written summary.
+    from dflash_trt.benchmarks.report import format_table
+
+    table = format_table(json.loads((short_run[1] / "summary.json").read_text()))
+    assert "speedup" in table and "acceptance length histogram (block 4" in table
+    assert sum(line.startswith(("math", "chat", "all")) for line in table.splitlines()) == 6
+
+
+def test_rejects_a_block_size_beyond_the_engines(bench_engine, bench_prompts, tmp_path, capsys):
+    code = main(["bench-report", "--engine", str(bench_engine), "--out", str(tmp_path), "--prompts-dir",
+                 str(bench_prompts), "--block-sizes", "2,8", "--no-serving"])
+    assert code == 2 and "block sizes [8] exceed the engine's block_size 4" in capsys.readouterr().err
+
+
+def test_rejects_an_unknown_family(bench_engine, bench_prompts, tmp_path, capsys):
+    code = main(["bench-report", "--engine", str(bench_engine), "--out", str(tmp_path), "--prompts-dir",
+                 str(bench_prompts), "--families", "poetry", "--no-serving"])
+    assert code == 2 and "no held-out prompts for family 'poetry' (known: chat, math)" in capsys.readouterr().err
+
+
+def test_default_sweep_doubles_up_to_the_drafters_block_size():
+    assert default_block_sizes(16) == (2, 4, 8, 16)
+    assert default_block_sizes(10) == (2, 4, 8, 10)
+    assert BenchConfig().concurrency == (1, 4, 16)
