@@ -153,5 +153,13 @@ class TrtllmRuntime:
         try:
             self._call(self.llm.shutdown)
         finally:
+            asyncio.run_coroutine_threadsafe(self._cancel_requests(), self._loop).result(timeout=10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+    @staticmethod
+    async def _cancel_requests() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,57 @@
+"""End to end: the dflash_* metrics are published on the metrics port and agree with the responses."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+
+from dflash_trt.serving.client import generate, generate_stream
+
+pytestmark = pytest.mark.slow
+
+BLOCK_SIZE = 8
+LABEL = '{model="dflash"}'
+
+
+def scrape(triton) -> dict[str, float]:
+    with urllib.request.urlopen(triton.config.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        match = re.match(r'^(dflash_\w+)\{model="dflash"(?:,le="([^"]+)")?\} (\S+)$', line)
+        if match:
+            name, le, value = match.groups()
+            values[name + (f"[le={le}]" if le else "")] = float(value)
+    return values
+
+
+def test_metrics_are_published_with_the_model_label(triton):
+    generate(triton.config.http_url, "hello", 4)
+    values = scrape(triton)
+    for name in ("dflash_requests_in_flight", "dflash_draft_tokens_total", "dflash_accepted_draft_tokens_total",
+                 "dflash_spec_steps_total", "dflash_generated_tokens_total", "dflash_acceptance_length_count",
+                 "dflash_acceptance_length_sum"):
+        assert name in values, name
+    assert values["dflash_requests_in_flight"] == 0
+
+
+def test_metrics_agree_with_the_responses(triton):
+    before = scrape(triton)
+    answers = [generate(triton.config.http_url, f"count {i}", 5 + 3 * i, exclude_input_in_output=True)
+               for i in range(3)]
+    answers.append(list(generate_stream(triton.config.http_url, "streamed", 12))[-1])
+    time.sleep(0.5)
+    after = scrape(triton)
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    drafted = sum(a["total_draft_tokens"] for a in answers)
+    steps = drafted / (BLOCK_SIZE - 1)
+    assert delta["dflash_generated_tokens_total"] == sum(a["num_output_tokens"] for a in answers)
+    assert delta["dflash_draft_tokens_total"] == drafted
+    assert delta["dflash_accepted_draft_tokens_total"] == sum(a["total_accepted_draft_tokens"] for a in answers)
+    assert delta["dflash_spec_steps_total"] == steps
+    assert delta["dflash_acceptance_length_count"] == steps
+    assert delta["dflash_acceptance_length_sum"] == steps + delta["dflash_accepted_draft_tokens_total"]
+    assert after["dflash_requests_in_flight"] == 0

@@ -1,0 +1,217 @@
+"""The OpenAI-compatible gateway (`dflash-trt openai`) on the real tritonserver, driven by the `openai` package.
+
+Answers are compared with Triton's own /generate for the same prompt text, so the gateway is checked
+to add nothing and lose nothing; errors, stop strings, streaming and client disconnects are covered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-dflash"
+PROMPT = "Write a short poem about the sea, with émojis 🌊 and 日本語."
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def gateway(triton, tmp_path_factory):
+    """`dflash-trt openai` in a child process in front of the session's Triton; yields its /v1 URL."""
+    from dflash_trt.serving.server import free_ports
+
+    port = free_ports(1)[0]
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dflash_trt.cli", "openai", "--triton-grpc", triton.config.grpc_url,
+             "--port", str(port), "--served-model-name", MODEL, "--ready-timeout", "60"],
+            stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", process, log)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def _wait_healthy(url: str, process, log, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the gateway exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"the gateway did not become healthy:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    import openai
+
+    return openai.OpenAI(base_url=gateway, api_key="unused", max_retries=0, timeout=120)
+
+
+def triton_generate(triton, text: str, max_tokens: int, **params) -> dict:
+    """Triton's own answer (HTTP /generate of the ensemble), the reference for the gateway's."""
+    body = {"text_input": text, "max_tokens": max_tokens, "temperature": 0.0, "exclude_input_in_output": True,
+            **params}
+    request = urllib.request.Request(triton.config.http_url + "/v2/models/ensemble/generate",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_greedy_completion_equals_tritons_answer_with_usage_and_dflash_figures(client, triton, smollm2_tokenizer):
+    answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
+    reference = triton_generate(triton, PROMPT, 16)
+    assert answer.choices[0].text == reference["text_output"]
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.prompt_tokens == len(smollm2_tokenizer.encode(PROMPT))
+    assert answer.usage.completion_tokens == 16
+    dflash = answer.model_extra["dflash"]
+    assert dflash["num_draft_tokens"] == 15 * 7 == reference["total_draft_tokens"]  # block 8, 15 verify steps
+    assert dflash["num_accepted_draft_tokens"] == reference["total_accepted_draft_tokens"]
+    assert 1.0 <= dflash["tau"] <= 8.0
+
+
+def test_chat_completion_applies_the_targets_chat_template(client, triton, smollm2_tokenizer):
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    templated = smollm2_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == triton_generate(triton, templated, 12)["text_output"]
+    assert answer.usage.prompt_tokens == len(smollm2_tokenizer.encode(templated))
+
+
+def test_streamed_completion_adds_up_to_the_same_text(client):
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert len(chunks) > 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].model_extra["dflash"] == whole.model_extra["dflash"]
+
+
+def test_streamed_chat_opens_with_the_role_and_adds_up_to_the_same_message(client):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
+    assert {c.id for c in chunks} == {chunks[0].id}
+
+
+def test_a_stop_string_ends_the_text_before_it(client):
+    text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    start = text.index(" ", 8)  # a word start well inside the answer: a token boundary for this tokenizer
+    stop = text[start:start + 4]
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop, "@@"])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.index(stop)]
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+
+
+def test_seeded_sampling_repeats_and_depends_on_the_seed(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9,
+                                         seed=seed).choices[0].text
+
+    assert sample(7) == sample(7)
+    assert len({sample(7), sample(8), sample(9)}) > 1
+
+
+def test_unknown_model_is_a_404(client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=4)
+    assert error.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize("params, param", [
+    ({"max_tokens": 100_000}, "max_tokens"),
+    ({"temperature": 3.0}, "temperature"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"n": 2}, "n"),
+])
+def test_bad_parameters_are_400s_that_name_the_parameter(client, params, param):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, **params)
+    assert error.value.param == param
+    assert error.value.body["type"] == "invalid_request_error"
+
+
+def test_bad_json_and_unknown_routes_get_openai_error_bodies(gateway):
+    import httpx
+
+    bad = httpx.post(gateway + "/chat/completions", content=b'{"model": ', headers={"Content-Type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    missing = httpx.get(gateway + "/engines")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def metric_total(triton, name: str) -> float:
+    with urllib.request.urlopen(triton.config.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(value) for value in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+
+
+def wait_until_idle(triton, timeout_s: float = 30.0) -> float:
+    """Seconds until no request is in flight in the dflash model."""
+    start = time.monotonic()
+    while metric_total(triton, "dflash_requests_in_flight") > 0:
+        if time.monotonic() - start > timeout_s:
+            pytest.fail("a request is still in flight")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+LONG = 256  # the repository's max_tokens limit: far more than a cancelled request may generate
+
+
+def test_closing_a_stream_cancels_the_generation_in_triton(gateway, triton):
+    import httpx
+
+    wait_until_idle(triton)
+    before = metric_total(triton, "dflash_generated_tokens_total")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
+    with httpx.stream("POST", gateway + "/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    wait_until_idle(triton)
+    assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
+
+
+def test_a_non_streaming_client_that_gives_up_cancels_the_generation(gateway, triton):
+    import httpx
+
+    wait_until_idle(triton)
+    before = metric_total(triton, "dflash_generated_tokens_total")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway + "/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    wait_until_idle(triton)
+    assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
