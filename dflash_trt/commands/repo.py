@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default=defaults.device, help="device of local runtimes: cpu (default) or cuda")
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
                         help="torch CPU threads per dflash instance (default 0: torch's choice)")
+    parser.add_argument("--block-size", type=int, default=defaults.block_size,
+                        help="draft block size served (default 0: the engine's; 1: plain decoding)")
     parser.set_defaults(func=run)
 
 
@@ -43,6 +45,7 @@ def run(args) -> int:
         dflash_instances=args.instances, preprocessing_instances=args.preprocessing_instances,
         postprocessing_instances=args.postprocessing_instances, max_queue_size=args.max_queue_size,
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
+        block_size=args.block_size,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

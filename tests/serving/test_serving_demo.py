@@ -1,0 +1,36 @@
+"""The served demo: repository, server, one streamed answer with tau, server stopped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dflash_trt.commands.demo import DEMO_DRAFTER
+from dflash_trt.serving.demo import served_answer, tau_from_totals
+
+
+def test_tau_counts_the_bonus_token_of_every_verify_step():
+    assert tau_from_totals(total_draft_tokens=70, total_accepted_draft_tokens=30, block_size=8) == pytest.approx(4.0)
+    assert tau_from_totals(0, 0, 8) == 1.0 and tau_from_totals(10, 0, 1) == 1.0
+
+
+@pytest.mark.slow
+def test_streams_an_answer_and_prints_tau(tiny_engine, tmp_path, capsys):
+    lines = []
+    answer = served_answer(tiny_engine, tmp_path / "repo", "Hello there", 12, write=lines.append)
+    printed = capsys.readouterr().out
+    assert answer.text and printed.endswith(answer.text)  # echoed as the chunks arrived
+    assert answer.num_chunks >= 2 and answer.tau >= 1.0
+    assert any(line.startswith("Triton is ready") for line in lines)
+    assert lines[-1].startswith("[tau ") and "stopping Triton" in lines[-2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DEMO_DRAFTER / "config.json").is_file(), reason="the demo drafter is not in the repository")
+def test_make_demo_serves_the_demo_pair():
+    result = subprocess.run([sys.executable, "-m", "dflash_trt.cli", "demo", "--max-new-tokens", "32"],
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Triton is ready" in result.stdout and "[tau " in result.stdout
