@@ -58,7 +58,7 @@ test-fast: setup ## Run the tests without the slow ones
 helm-check: setup ## Lint and render the Helm chart offline, validate its manifests, check the images (tests/deploy)
 	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
 
-demo: setup ## Generate an answer with the embedded demo pair (SmolLM2-135M + its DFlash drafter)
+demo: setup ## Build the demo engine (SmolLM2-135M + its DFlash drafter), serve it with Triton, stream one answer with tau
 	$(BIN)/dflash-trt demo
 
 engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tensorrt|trtllm] [QUANT=none|fp8|nvfp4|mxfp4] [OUT=dir]
