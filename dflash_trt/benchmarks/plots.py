@@ -37,8 +37,7 @@ def _sweep(summary: dict, path: Path) -> Path:
     speed_ax.axhline(1.0, color="grey", linestyle=":")
     speed_ax.set(title="decode-phase speedup vs block size 1", xlabel="block size", ylabel="speedup (x)")
     for ax in (tau_ax, speed_ax):
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
+        _log2_axis(ax, [int(size) for size in summary["sweep"]])
     speed_ax.legend(fontsize=8)
     fig.suptitle(f"{summary['engine']}: in-process sweep")
     return _save(fig, path)
@@ -65,24 +64,31 @@ def _histogram(summary: dict, path: Path) -> Path:
 def _serving(serving: dict, path: Path) -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for mode in ("dflash", "plain"):
+    for mode, color in (("dflash", "tab:blue"), ("plain", "tab:orange")):
         levels = serving[mode]
         x = [int(level) for level in levels]
-        axes[0].plot(x, [r["output_tokens_per_s"] for r in levels.values()], marker="o", label=mode)
-        axes[1].plot(x, [_value(r["ttft_ms"]["p50"]) for r in levels.values()], marker="o", label=f"{mode} p50")
-        axes[2].plot(x, [_value(r["itl_ms"]["p50"]) for r in levels.values()], marker="o", label=f"{mode} p50")
-        axes[2].plot(x, [_value(r["itl_ms"]["p99"]) for r in levels.values()], marker="x", linestyle="--",
-                     label=f"{mode} p99")
+        axes[0].plot(x, [r["output_tokens_per_s"] for r in levels.values()], marker="o", color=color, label=mode)
+        for ax, key in ((axes[1], "ttft_ms"), (axes[2], "itl_ms")):
+            ax.plot(x, [_value(r[key]["p50"]) for r in levels.values()], marker="o", color=color, label=f"{mode} p50")
+            ax.plot(x, [_value(r[key]["p99"]) for r in levels.values()], marker="x", linestyle="--", color=color,
+                    label=f"{mode} p99")
     axes[0].set(title="output tokens/s", ylabel="tokens/s")
     axes[1].set(title="time to first token", ylabel="ms")
     axes[2].set(title="inter-token latency", ylabel="ms")
     for ax in axes:
-        ax.set_xscale("log", base=2)
+        _log2_axis(ax, [int(level) for level in serving["dflash"]])
         ax.set_xlabel("concurrency")
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Triton ensemble, gRPC streaming: DFlash vs plain decoding")
     return _save(fig, path)
+
+
+def _log2_axis(ax, ticks: list[int]) -> None:
+    """Log-2 x axis labelled with the plain values (2, 4, 8 rather than 2^1, 2^2, 2^3)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(tick) for tick in ticks])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
 
 
 def _value(value):
