@@ -7,7 +7,7 @@ its Triton request cancelled: every wait on Triton races a watcher of the HTTP c
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -92,25 +92,23 @@ def create_app(config: GatewayConfig, model: ServedModel):
         max_tokens = model.max_tokens(parsed.sampling.max_tokens, num_prompt_tokens, default_max, param)
         reply = out.Reply("completion" if isinstance(parsed, CompletionRequest) else "chat", model.name)
         echo = prompt if getattr(parsed, "echo", False) else ""
-        pieces = app.state.ensemble.generate(prompt, parsed.sampling, max_tokens)
+        generation = app.state.ensemble.start(prompt, parsed.sampling, max_tokens)
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
-            first = await _next(pieces, watcher)  # Triton's errors become HTTP errors before any byte is sent
+            first = await _next(generation, watcher)  # Triton's errors become HTTP errors before any byte is sent
         except BaseException:
-            watcher.cancel()
-            await pieces.aclose()
+            _stop(generation, watcher)
             raise
         if parsed.stream:
-            events = _events(reply, pieces, first, watcher, num_prompt_tokens, parsed.include_usage, echo)
+            events = _events(reply, generation, first, watcher, num_prompt_tokens, parsed.include_usage, echo)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            text, last = await _collect(pieces, first, watcher)
+            text, last = await _collect(generation, first, watcher)
         finally:
-            watcher.cancel()
-            await pieces.aclose()
+            _stop(generation, watcher)
         return out.full_response(reply, echo + text, last, num_prompt_tokens, model.block_size)
 
-    async def _events(reply, pieces, piece: Piece, watcher, num_prompt_tokens: int, include_usage: bool,
+    async def _events(reply, generation, piece: Piece, watcher, num_prompt_tokens: int, include_usage: bool,
                       echo: str) -> AsyncIterator[str]:
         try:
             opening = out.first_chunk(reply)
@@ -121,7 +119,7 @@ def create_app(config: GatewayConfig, model: ServedModel):
             while not piece.finish_reason:
                 if piece.text:
                     yield out.sse(out.text_chunk(reply, piece.text))
-                piece = await _next(pieces, watcher)
+                piece = await _next(generation, watcher)
             yield out.sse(out.final_chunk(reply, piece, model.block_size))
             if include_usage:
                 yield out.sse(out.usage_chunk(reply, piece, num_prompt_tokens, model.block_size))
@@ -132,8 +130,7 @@ def create_app(config: GatewayConfig, model: ServedModel):
             yield out.sse(error.body())
             yield out.DONE
         finally:
-            watcher.cancel()
-            await pieces.aclose()  # cancels the Triton request unless it finished
+            _stop(generation, watcher)  # also when Starlette cancels this generator on a disconnect
 
     return app
 
@@ -143,27 +140,40 @@ def _check_model(name: str, model: ServedModel) -> None:
         raise model_not_found(name, model.name)
 
 
-async def _collect(pieces, piece: Piece, watcher) -> tuple[str, Piece]:
+async def _collect(generation, piece: Piece, watcher) -> tuple[str, Piece]:
     texts = [piece.text]
     while not piece.finish_reason:
-        piece = await _next(pieces, watcher)
+        piece = await _next(generation, watcher)
         texts.append(piece.text)
     return "".join(texts), piece
 
 
-async def _next(pieces, watcher: asyncio.Future) -> Piece:
+async def _next(generation, watcher: asyncio.Future) -> Piece:
     """The next piece from Triton, or ClientGone as soon as the HTTP client disconnects."""
-    step = asyncio.ensure_future(pieces.__anext__())
-    done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    step = asyncio.ensure_future(generation.next())
+    step.add_done_callback(_consume)
+    try:
+        done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this task was cancelled (Starlette saw the disconnect first)
+        step.cancel()
+        raise
     if step in done:
-        try:
-            return step.result()
-        except StopAsyncIteration:
-            raise server_error("Triton ended the generation without a final response") from None
-    step.cancel()  # raises CancelledError inside the generator, whose cleanup cancels the Triton request
-    with suppress(asyncio.CancelledError, StopAsyncIteration, APIError):
-        await step
+        return step.result()
+    step.cancel()
     raise ClientGone()
+
+
+def _stop(generation, watcher: asyncio.Future) -> None:
+    """Synchronous cleanup: nothing may be awaited in a task that is being cancelled."""
+    watcher.cancel()
+    generation.cancel()
+
+
+def _consume(task: asyncio.Future) -> None:
+    # A read abandoned on a disconnect ends with an error nobody waits for: retrieve it so that
+    # asyncio does not log it as "never retrieved".
+    if not task.cancelled():
+        task.exception()
 
 
 async def _disconnected(request) -> None:

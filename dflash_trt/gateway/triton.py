@@ -8,7 +8,6 @@ so a request that sends no chunks until the end could not be stopped when its cl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import numpy as np
 
@@ -54,43 +53,52 @@ class TritonEnsemble:
     async def close(self) -> None:
         await self.client.close()
 
-    async def generate(self, prompt: str, sampling: Sampling, max_tokens: int) -> AsyncIterator[Piece]:
-        """Pieces of one generation; closing the iterator early cancels the request in Triton."""
+    def start(self, prompt: str, sampling: Sampling, max_tokens: int) -> "Generation":
+        """Open the gRPC stream of one generation (the request goes out with the first read)."""
         request = {"model_name": self.model_name, "inputs": request_inputs(prompt, sampling, max_tokens)}
 
         async def one_request():
             yield request
 
-        call = self.client.stream_infer(one_request())
-        finished = False
+        return Generation(self.client.stream_infer(one_request()))
+
+
+class Generation:
+    """One generation streaming from Triton.
+
+    cancel() is synchronous so that any cleanup can call it, even inside an already cancelled task
+    (where nothing can be awaited any more): an HTTP client that goes away must never leave its
+    generation running in Triton.
+    """
+
+    def __init__(self, call):
+        self._call = call
+        self.is_done = False
+
+    async def next(self) -> Piece:
+        """The next piece; raises APIError for Triton's errors and a closed or unreachable server."""
+        import grpc
+
         try:
-            async for result, error in _rpc_errors(call):
-                if error is not None:
-                    raise triton_error(str(error))
-                piece = read_piece(result)
-                yield piece
-                if piece.finish_reason:
-                    finished = True
-                    return
-            raise server_error("Triton closed the stream before the final response")
-        finally:
-            if not finished:
-                call.cancel()  # the client went away or failed: stop the generation in Triton
-
-
-async def _rpc_errors(call):
-    """The call's responses, with transport failures (server down, stream reset) as a 503."""
-    import grpc
-
-    iterator = call.__aiter__()
-    while True:
-        try:
-            item = await iterator.__anext__()
+            result, error = await self._call.__anext__()
         except StopAsyncIteration:
-            return
-        except grpc.RpcError as error:
-            raise server_error(f"Triton is unavailable: {_rpc_message(error)}", 503) from None
-        yield item
+            self.is_done = True
+            raise server_error("Triton closed the stream before the final response") from None
+        except grpc.RpcError as rpc_error:
+            self.is_done = True
+            raise server_error(f"Triton is unavailable: {_rpc_message(rpc_error)}", 503) from None
+        if error is not None:
+            self.is_done = True
+            raise triton_error(str(error))
+        piece = read_piece(result)
+        self.is_done = bool(piece.finish_reason)
+        return piece
+
+    def cancel(self) -> None:
+        """Stop the generation in Triton unless it already ended."""
+        if not self.is_done:
+            self.is_done = True
+            self._call.cancel()
 
 
 def _rpc_message(error) -> str:
