@@ -23,13 +23,17 @@ def register(subparsers) -> None:
     parser.add_argument("--log-file", type=Path, help="also write the server log here")
     parser.add_argument("--quiet", action="store_true", help="do not echo the server log")
     parser.add_argument("--log-verbose", type=int, default=defaults.log_verbose, help="Triton's --log-verbose level")
+    parser.add_argument("--openai-port", type=int,
+                        help="also run the OpenAI-compatible gateway (`dflash-trt openai`) on this port")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from ..gateway.companion import gateway_beside
     from ..serving.server import serve_forever
 
     config = ServerConfig(model_repository=args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, address=args.address, ready_timeout_s=args.ready_timeout,
                           log_verbose=args.log_verbose, log_path=args.log_file, echo=not args.quiet)
-    return serve_forever(config)
+    with gateway_beside(args.openai_port, args.grpc_port, args.address, args.ready_timeout):
+        return serve_forever(config)

@@ -142,3 +142,12 @@ def test_stream_chunks_share_one_id_and_end_with_finish_reason():
     assert out.sse(chunks[1]).startswith("data: {") and out.sse(chunks[1]).endswith("}\n\n")
     assert out.first_chunk(out.Reply("completion", "m")) is None
 
+
+
+def test_the_companion_gateway_calls_triton_on_loopback_when_serving_on_every_interface():
+    from dflash_trt.gateway.companion import gateway_command
+
+    command = gateway_command(9000, 8001, "0.0.0.0", 300)
+    assert command[command.index("--triton-grpc") + 1] == "127.0.0.1:8001"
+    assert command[command.index("--host") + 1] == "0.0.0.0" and command[command.index("--port") + 1] == "9000"
+    assert gateway_command(9000, 8001, "10.0.0.5", 300)[command.index("--triton-grpc") + 1] == "10.0.0.5:8001"

@@ -34,7 +34,8 @@ def test_method_is_case_insensitive_like_vllm(tiny_pair_dir):
     ('{"model": "x"}', "'method' is missing"),
     ('{"method": "dflash", "model": "x",', "not valid JSON"),
     ('["dflash"]', "expected a JSON object"),
-    ('{"method": "dflash", "model": "x", "draft_tensor_parallel_size": 2}', "unknown key(s) 'draft_tensor_parallel_size'"),
+    ('{"method": "dflash", "model": "x", "draft_tensor_parallel_size": 2}',
+     "unknown key(s) 'draft_tensor_parallel_size'"),
     ('{"method": "dflash"}', "'model' must name the DFlash drafter directory"),
     ('{"method": "dflash", "model": "no/such/drafter"}', "not a local drafter directory"),
 ])

@@ -215,3 +215,31 @@ def test_a_non_streaming_client_that_gives_up_cancels_the_generation(gateway, tr
         httpx.post(gateway + "/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
     wait_until_idle(triton)
     assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
+
+
+def test_serve_with_openai_port_runs_the_gateway_beside_triton_and_stops_both(served_repo, tmp_path):
+    """`make serve OPENAI_PORT=...` runs `dflash-trt serve --openai-port`: the Helm chart's openai container port."""
+    import signal
+
+    import openai
+
+    from dflash_trt.serving.server import free_ports
+
+    http, grpc, metrics, port = free_ports(4)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dflash_trt.cli", "serve", "--repo", str(served_repo), "--http-port", str(http),
+             "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port", str(port), "--quiet"],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", process, log, timeout_s=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        name = client.models.list().data[0].id
+        answer = client.completions.create(model=name, prompt=PROMPT, max_tokens=4, temperature=0)
+        assert answer.usage.completion_tokens == 4
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, log.read_text()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
