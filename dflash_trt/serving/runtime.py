@@ -81,19 +81,10 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
 
 def _drafter(engine):
-    if engine.runtime == "torch":
+    if engine.drafter is not None:  # torch and onnx: load_engine loaded it
         return engine.drafter
-    if engine.runtime == "onnx":
-        try:
-            from dflash_trt.plugin.onnx_drafter import load_onnx_drafter
-        except ImportError:
-            raise DFlashError(f"{engine.directory}: this installation has no ONNX drafter runtime") from None
-        return load_onnx_drafter(engine.drafter_onnx, engine.drafter_config, engine.drafter_path)
-    try:
-        from dflash_trt.plugin.tensorrt_drafter import load_tensorrt_drafter
-    except ImportError:
-        raise DFlashError(f"{engine.directory}: the tensorrt runtime needs TensorRT and a GPU") from None
-    return load_tensorrt_drafter(engine.tensorrt_plan, engine.drafter_config, engine.drafter_path)
+    raise DFlashError(f"{engine.directory}: the {engine.runtime} runtime's drafter cannot run in this process "
+                      "(it needs TensorRT on a GPU); serve the torch or onnx engine of the same pair here")
 
 
 def default_end_ids(target) -> tuple[int, ...]:

@@ -219,3 +219,24 @@ def pytest_runtest_makereport(item, call):
     server = getattr(item, "funcargs", {}).get("triton")
     if report.failed and server is not None:
         report.sections.append(("tritonserver log (last 60 lines)", "\n".join(server.log.splitlines()[-60:])))
+
+
+@pytest.fixture(scope="session")
+def onnx_pair_engines(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, Path]:
+    """torch and onnx engines of one tiny pair whose drafter has the plugin's head_dim (64)."""
+    import shutil
+
+    from dflash_trt.engine.build import BuildRequest, build_engine
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("onnx-pair")
+    target = make_tiny_target("llama", root / "target", vocab_size=49152, hidden_size=256)
+    for item in smollm2_tokenizer_dir.iterdir():
+        shutil.copy(item, root / "target" / item.name)
+    make_tiny_drafter(target.config, root / "drafter", block_size=8)
+    engines = {}
+    for runtime in ("torch", "onnx"):
+        engines[runtime] = root / runtime
+        build_engine(BuildRequest(model="smollm2-135m", target=root / "target", drafter=root / "drafter",
+                                  runtime=runtime, out=engines[runtime]), log=lambda _line: None)
+    return engines

@@ -1,0 +1,50 @@
+"""The runtimes the dflash model drives, chosen by the engine manifest: torch and onnx here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serving.client import generate
+from dflash_trt.serving.detokenize import decode
+from dflash_trt.serving.generation import Stats, chunks
+from dflash_trt.serving.repo import RepoConfig, render_repository
+from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.serving.runtime import _drafter, open_runtime
+from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+
+PROMPT_IDS = [1, 2, 3, 4, 5]
+
+
+def tokens(runtime, max_tokens=16):
+    return [t for step in runtime.steps(PROMPT_IDS, GenerationRequest("x", max_tokens), ()) for t in step.new_token_ids]
+
+
+@pytest.mark.slow
+def test_the_onnx_engine_generates_the_same_tokens_as_torch(onnx_pair_engines):
+    torch_runtime = open_runtime(onnx_pair_engines["torch"], num_threads=1)
+    onnx_runtime = open_runtime(onnx_pair_engines["onnx"], num_threads=1)
+    assert type(onnx_runtime.drafter).__name__ == "OnnxDrafter"
+    assert tokens(onnx_runtime) == tokens(torch_runtime)
+
+
+@pytest.mark.slow
+def test_a_served_onnx_engine_answers_like_the_torch_runtime(onnx_pair_engines, tmp_path):
+    prompt = "The served onnx drafter"
+    reference = open_runtime(onnx_pair_engines["torch"], num_threads=1)
+    ids, request, end_ids = reference.tokenizer.encode(prompt), GenerationRequest(prompt, 12), reference.default_end_ids
+    (answer,) = chunks(request, ids, reference.steps(ids, request, end_ids), reference.tokenizer, Stats(8), end_ids)
+    repo = render_repository(RepoConfig(onnx_pair_engines["onnx"], tmp_path / "repo", num_threads=1))
+    http, grpc, metrics = free_ports(3)
+    with TritonServer(ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics)) as server:
+        out = generate(server.config.http_url, prompt, 12)
+    assert out["text_output"] == decode(reference.tokenizer, answer.window_ids)  # prompt echoed in both
+
+
+def test_a_tensorrt_drafter_is_refused_with_what_it_needs():
+    engine = SimpleNamespace(drafter=None, runtime="tensorrt", directory=Path("engines/x"))
+    with pytest.raises(DFlashError, match="needs TensorRT on a GPU"):
+        _drafter(engine)
