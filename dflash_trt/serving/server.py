@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dflash_trt.serving.triton_home import ServerError, install_python_stub, server_env, triton_home
 
+_MODEL_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.MULTILINE)
 _LOAD_FAILURE = re.compile(r"failed to load|UNAVAILABLE: Internal|Stub process .* is not healthy|Traceback")
 
 
@@ -72,6 +73,13 @@ def server_command(config: ServerConfig, home: Path) -> list[str]:
 def load_errors(log: str) -> list[str]:
     """Lines of a server log that explain why a model did not load."""
     return [line for line in log.splitlines() if _LOAD_FAILURE.search(line)]
+
+
+def explain_load_errors(log: str) -> list[str]:
+    """One readable entry per model that failed to load (its error and traceback), else the raw lines."""
+    explained = [f"model '{name}': " + message.replace("\\n", "\n").rstrip()
+                 for name, message in _MODEL_FAILURE.findall(log)]
+    return explained or load_errors(log)
 
 
 class TritonServer:
@@ -156,7 +164,7 @@ class TritonServer:
         raise ServerError(self._failure(f"tritonserver not ready after {self.config.ready_timeout_s:.0f} s"))
 
     def _failure(self, headline: str) -> str:
-        errors = load_errors(self.log)
+        errors = explain_load_errors(self.log)
         detail = "\n".join(errors) if errors else "\n".join(self.log.splitlines()[-30:])
         return f"{headline}\n{detail}"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_trt.serving.server import TritonServer, load_errors
+from dflash_trt.serving.server import TritonServer, explain_load_errors, load_errors
 from dflash_trt.serving.triton_home import STUB_NAME, ServerError, install_python_stub, server_env
 
 CONFIG = """name: "{name}"
@@ -74,6 +74,12 @@ def test_gives_up_after_the_ready_timeout_and_stops_the_server(tmp_path, server_
 def test_load_errors_picks_the_failure_lines():
     log = "I0 loading: dflash:1\nE1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\"\nI2 other\n"
     assert load_errors(log) == ["E1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\""]
+
+
+def test_load_errors_are_explained_per_model_with_their_traceback():
+    log = ('E1 model_lifecycle.cc:642] "failed to load \'dflash\' version 1: Internal: ValueError: bad engine'
+           '\\n\\nAt:\\n  model.py(3): initialize\\n"\nI2 done\n')
+    assert explain_load_errors(log) == ["model 'dflash': Internal: ValueError: bad engine\n\nAt:\n  model.py(3): initialize"]
 
 
 def test_stub_installation_is_idempotent(tmp_path):
