@@ -61,6 +61,14 @@ class CancelBoard:
                 pass
 
 
+    def remove_if_empty(self) -> None:
+        """At unload: the last model process of the server takes the empty board away."""
+        try:
+            self.directory.rmdir()
+        except OSError:
+            pass
+
+
 def _is_id(value: str) -> bool:
     # Only our own hex ids name files: a malformed tensor must not write elsewhere.
     return len(value) == 32 and all(c in "0123456789abcdef" for c in value)

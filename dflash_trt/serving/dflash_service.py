@@ -141,6 +141,7 @@ class DFlashService:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self.runtime.close()
+        self.board.remove_if_empty()
         return drained
 
     def _log(self, level: str, message: str) -> None:

@@ -33,3 +33,14 @@ def test_prunes_stale_marks(tmp_path):
     os.utime(tmp_path / old, (past, past))
     board.prune(time.time() - 600)
     assert not board.is_marked(old) and board.is_marked(new)
+
+
+def test_an_empty_board_is_removed_at_unload_but_not_a_used_one(tmp_path):
+    board = CancelBoard(tmp_path / "board")
+    board.mark(CancelBoard.new_id())
+    board.remove_if_empty()
+    assert board.directory.is_dir()
+    for path in board.directory.iterdir():
+        path.unlink()
+    board.remove_if_empty()
+    assert not board.directory.exists()
