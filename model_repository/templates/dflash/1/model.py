@@ -1,18 +1,4 @@
-"""Triton model `dflash`: decoupled DFlash speculative generation.
-
-Inputs: input_ids INT32 [-1], max_tokens INT32 [1], optional stream BOOL, temperature FP32,
-top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
-exclude_input_in_output BOOL (all [1] unless noted).
-Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
-num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
-total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1].
-Responses: with stream=true one per decoding step that commits tokens, else one; the last one
-carries the final flag. Cancellation is checked between steps.
-Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
-device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default), block_size
-(0 = the engine's, 1 = plain decoding).
-Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
-"""
+"""Triton Python-backend model `dflash` (contract in the class docstring)."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -22,6 +8,24 @@ from dflash_trt.serving.runtime import open_runtime
 
 
 class TritonPythonModel:
+    """Triton model `dflash`: decoupled DFlash speculative generation.
+
+    Inputs: input_ids INT32 [-1], max_tokens INT32 [1], optional stream BOOL, temperature FP32,
+    top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
+    exclude_input_in_output BOOL (all [1] unless noted).
+    Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
+    num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
+    total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1],
+    generation_id STRING [1] (names the generation on the cancel board).
+    Responses: with stream=true one per decoding step that commits tokens, else one; the last one
+    carries the final flag. Cancellation (the request's own, or marked on the cancel board by
+    postprocessing for ensemble requests) is checked between steps.
+    Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
+    device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default), block_size
+    (0 = the engine's, 1 = plain decoding).
+    Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
+    """
+
     def initialize(self, args):
         config = triton_io.parse_model_config(args)
         name = args["model_name"]

@@ -1,13 +1,4 @@
-"""Triton model `preprocessing`: validates a generation request and tokenizes its prompt.
-
-Inputs (dims [1] unless noted): text_input STRING, max_tokens INT32, optional stream BOOL,
-temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
-exclude_input_in_output BOOL.
-Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
-request gets an error response naming the bad input.
-Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
-max_tokens_limit, max_context_tokens.
-"""
+"""Triton Python-backend model `preprocessing` (contract in the class docstring)."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -19,6 +10,17 @@ from dflash_trt.serving.runtime import tokenizer_for
 
 
 class TritonPythonModel:
+    """Triton model `preprocessing`: validates a generation request and tokenizes its prompt.
+
+    Inputs (dims [1] unless noted): text_input STRING, max_tokens INT32, optional stream BOOL,
+    temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
+    exclude_input_in_output BOOL.
+    Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
+    request gets an error response naming the bad input.
+    Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
+    max_tokens_limit, max_context_tokens.
+    """
+
     def initialize(self, args):
         config = triton_io.parse_model_config(args)
         name = args["model_name"]
