@@ -55,7 +55,7 @@ def _in_process(config: BenchConfig, records, log):
         raise DFlashError(f"{config.engine}: the in-process benchmark runs {' and '.join(LOCAL_RUNTIMES)} engines, "
                           f"not {engine.runtime}")
     block_sizes = resolve_block_sizes(config.block_sizes, engine.block_size)
-    target, drafter = engine.target, _drafter(engine)
+    target, drafter = engine.target, engine.drafter  # the loader opens torch and onnx drafters alike
     if config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DFlashError(f"{config.engine}: the target's tokenizer has no chat template (use --no-chat)")
     prompts = [encode_prompt(target, r.prompt, config.chat) for r in records]
@@ -67,17 +67,6 @@ def _in_process(config: BenchConfig, records, log):
 
     sweep = run_sweep(target, drafter, prompts, [r.family for r in records], params, block_sizes, progress)
     return Path(config.engine).name, block_sizes, sweep
-
-
-def _drafter(engine):
-    if engine.runtime == "torch":
-        return engine.drafter
-    import torch
-
-    from ..plugin.onnx_runtime import load_onnx_drafter
-
-    return load_onnx_drafter(engine.drafter_path, dtype=getattr(torch, engine.manifest["dtype"]),
-                             onnx_path=engine.drafter_onnx)
 
 
 def _set_threads(num_threads: int) -> None:
