@@ -30,7 +30,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "load_average": list(os.getloadavg()),
+        "load_average_start": list(os.getloadavg()),
     }
 
 

@@ -23,8 +23,14 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
 
     config.validate()
     records = heldout_prompts(config.prompts_dir, config.families, config.num_prompts)
+    _set_threads(config.num_threads)
     machine = machine_info()
     engine_name, block_sizes, sweep = _in_process(config, records, log)
+    settings = {**asdict(config), "block_sizes": list(block_sizes), "families": sweep.family_names}
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    out = Path(config.out)
+    # Written now as well, so a failure of the serving part keeps the in-process figures.
+    write_summary(build_summary(engine_name, sweep, None, machine, settings), out)
     gc.collect()  # the served instances load their own copies of the models
     serving = None
     if config.serving:
@@ -32,10 +38,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
 
         serving = run_serving(config, [r.prompt for r in records], log)
     machine["load_average_end"] = list(os.getloadavg())
-    settings = {**asdict(config), "block_sizes": list(block_sizes), "families": sweep.family_names}
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
     summary = build_summary(engine_name, sweep, serving, machine, settings)
-    out = Path(config.out)
     log(f"summary: {write_summary(summary, out)}")
     for path in write_plots(summary, out):
         log(f"plot: {path}")
@@ -48,7 +51,6 @@ def _in_process(config: BenchConfig, records, log):
     from ..sampling import SamplingParams
     from .sweep import run_sweep
 
-    _set_threads(config.num_threads)
     log(f"loading {config.engine}")
     engine = load_engine(config.engine)
     if engine.runtime not in LOCAL_RUNTIMES:
