@@ -35,8 +35,10 @@ READY_TIMEOUT ?= 300
 OPENAI_PORT ?=
 # Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
 BENCH_ARGS ?=
+# AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
+AIPERF_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench bench-aiperf
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -77,6 +79,9 @@ serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PO
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
+
+bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
+	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"

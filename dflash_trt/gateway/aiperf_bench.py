@@ -1,0 +1,212 @@
+"""`make bench-aiperf`: NVIDIA AIPerf drives the OpenAI-compatible gateway in front of the real Triton server.
+
+AIPerf (PyPI `aiperf`, pinned in pyproject's `aiperf` extra) gets its own venv (.venv-aiperf): it
+brings pandas, pyarrow, dash and uvloop/httptools, and the last two would change how uvicorn serves
+the gateway in the project's venv. It runs offline: the engine's tokenizer is laid out as a local
+Hugging Face cache entry, which AIPerf resolves without the network. tau comes from the dflash
+model's Prometheus counters, read before and after each AIPerf run.
+
+    python -m dflash_trt.gateway.aiperf_bench --engine engines/smollm2-135m --out out/aiperf
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+
+TOKENIZER_REPO = "dflash-trt/served-tokenizer"  # the name AIPerf looks up in the local cache
+
+
+@dataclass
+class AiperfConfig:
+    """One AIPerf sweep over concurrency levels (chat, streaming, greedy, fixed lengths)."""
+
+    engine: Path
+    out: Path = Path("out/aiperf")
+    concurrency: tuple[int, ...] = (1, 4)
+    request_count: int = 16
+    input_tokens: int = 128
+    output_tokens: int = 64
+    venv: Path = Path(".venv-aiperf")
+    ready_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def aiperf_requirement() -> str:
+    """The pinned `aiperf==X` of pyproject's `aiperf` extra, from the installed project's metadata."""
+    for requirement in importlib.metadata.requires("dflash-trt") or ():
+        if requirement.startswith("aiperf") and re.search(r"extra\s*==\s*['\"]aiperf['\"]", requirement):
+            return requirement.split(";")[0].strip()
+    raise DFlashError("pyproject.toml has no `aiperf` extra: run `make setup`")
+
+
+def ensure_aiperf(venv: Path) -> Path:
+    """The aiperf executable of `venv`, installing the pinned version there when it is missing."""
+    requirement = aiperf_requirement()
+    executable = venv / "bin" / "aiperf"
+    version = requirement.split("==")[-1]
+    if executable.is_file() and version in _output([str(executable), "--version"]):
+        return executable
+    if not (venv / "bin" / "python").is_file():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    print(f"installing {requirement} into {venv} ...", flush=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement], check=True)
+    return executable
+
+
+def tokenizer_cache(engine: Path, hf_home: Path) -> str:
+    """Lay the engine's tokenizer out as a cached Hugging Face repository; returns its repo id."""
+    from dflash_trt.serving.runtime import tokenizer_for
+
+    entry = hf_home / "hub" / ("models--" + TOKENIZER_REPO.replace("/", "--"))
+    snapshot = entry / "snapshots" / "local"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text("local")
+    tokenizer, _engine = tokenizer_for(engine)
+    tokenizer.save_pretrained(str(snapshot))
+    return TOKENIZER_REPO
+
+
+def aiperf_command(executable: Path, config: AiperfConfig, url: str, model: str, concurrency: int,
+                   out: Path) -> list[str]:
+    return [str(executable), "profile", "-m", model, "--url", url, "--endpoint-type", "chat", "--streaming",
+            "--tokenizer", TOKENIZER_REPO, "--concurrency", str(concurrency),
+            "--request-count", str(config.request_count), "--warmup-request-count", "1",
+            "--prompt-input-tokens-mean", str(config.input_tokens), "--prompt-input-tokens-stddev", "0",
+            "--output-tokens-mean", str(config.output_tokens), "--output-tokens-stddev", "0",
+            "--extra-inputs", json.dumps({"temperature": 0}), "--use-server-token-count", "--ui-type", "none",
+            "--random-seed", "0", "--output-artifact-dir", str(out), *config.extra_args]
+
+
+def run(config: AiperfConfig) -> dict:
+    """Serve the engine (Triton + gateway), run AIPerf at each concurrency; returns and writes the summary."""
+    from dflash_trt.gateway.companion import gateway_beside
+    from dflash_trt.serving.repo import RepoConfig, render_repository
+    from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+
+    out = Path(config.out).resolve()
+    executable = ensure_aiperf(Path(config.venv))
+    tokenizer_cache(config.engine, out / "hf-cache")
+    repo = render_repository(RepoConfig(engine_dir=config.engine, out=out / "repo",
+                                        max_queue_size=max(64, 4 * max(config.concurrency))))
+    http, grpc, metrics, port = free_ports(4)
+    server_config = ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                 ready_timeout_s=config.ready_timeout_s, log_path=out / "triton.log")
+    env = {**os.environ, "HF_HOME": str(out / "hf-cache"), "HF_HUB_OFFLINE": "1"}
+    levels = {}
+    with TritonServer(server_config) as server, gateway_beside(port, grpc, "127.0.0.1", config.ready_timeout_s):
+        url = f"http://127.0.0.1:{port}"
+        model = _wait_for_gateway(url, config.ready_timeout_s)
+        for concurrency in config.concurrency:
+            before = _counters(server.config.metrics_url)
+            level_out = out / f"concurrency-{concurrency}"
+            command = aiperf_command(executable, config, url, model, concurrency, level_out)
+            print(f"aiperf at concurrency {concurrency} ...", flush=True)
+            with open(out / f"aiperf-{concurrency}.log", "w") as log:
+                subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+            levels[str(concurrency)] = level_summary(level_out / "profile_export_aiperf.json", before,
+                                                     _counters(server.config.metrics_url))
+    summary = {"engine": str(config.engine), "model": model, "config": _jsonable(asdict(config)),
+               "aiperf": aiperf_requirement(), "levels": levels}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(format_table(levels))
+    return summary
+
+
+def level_summary(export: Path, before: dict[str, float], after: dict[str, float]) -> dict:
+    """AIPerf's headline figures of one run, plus tau from the dflash counters over that run."""
+    data = json.loads(Path(export).read_text())
+    steps = after["dflash_spec_steps_total"] - before["dflash_spec_steps_total"]
+    accepted = after["dflash_accepted_draft_tokens_total"] - before["dflash_accepted_draft_tokens_total"]
+    return {
+        "num_requests": int(data["request_count"]["avg"]),
+        "num_errors": len(data.get("error_summary") or []),
+        "output_tokens_per_s": data["output_token_throughput"]["avg"],
+        "requests_per_s": data["request_throughput"]["avg"],
+        "ttft_p50_ms": data["time_to_first_token"]["p50"],
+        "itl_p50_ms": data["inter_token_latency"]["p50"],
+        "latency_p50_ms": data["request_latency"]["p50"],
+        "tau": 1 + accepted / steps if steps else 0.0,
+    }
+
+
+def format_table(levels: dict[str, dict]) -> str:
+    lines = ["| concurrency | requests | output tok/s | TTFT p50 (ms) | ITL p50 (ms) | latency p50 (ms) | tau |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for level, s in levels.items():
+        lines.append(f"| {level} | {s['num_requests']} | {s['output_tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | "
+                     f"{s['itl_p50_ms']:.1f} | {s['latency_p50_ms']:.0f} | {s['tau']:.2f} |")
+    return "\n".join(lines)
+
+
+def _wait_for_gateway(url: str, timeout_s: float) -> str:
+    """The served model's name once the gateway answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
+                return json.loads(response.read())["data"][0]["id"]
+        except OSError:
+            time.sleep(0.5)
+    raise DFlashError(f"the OpenAI gateway at {url} did not answer within {timeout_s:.0f} s")
+
+
+def _counters(metrics_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    names = ("dflash_spec_steps_total", "dflash_accepted_draft_tokens_total")
+    return {name: sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+            for name in names}
+
+
+def _output(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _jsonable(values: dict) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = AiperfConfig(engine=Path())
+    parser = argparse.ArgumentParser(prog="bench-aiperf", description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", type=Path, required=True, help="engine directory (built by `make engine`)")
+    parser.add_argument("--out", type=Path, default=defaults.out)
+    parser.add_argument("--concurrency", type=lambda s: tuple(int(x) for x in s.split(",")),
+                        default=defaults.concurrency, help="comma-separated levels (default: 1,4)")
+    parser.add_argument("--request-count", type=int, default=defaults.request_count)
+    parser.add_argument("--input-tokens", type=int, default=defaults.input_tokens)
+    parser.add_argument("--output-tokens", type=int, default=defaults.output_tokens)
+    parser.add_argument("--venv", type=Path, default=defaults.venv, help="AIPerf's own venv (default: .venv-aiperf)")
+    args, extra = parser.parse_known_args(argv)
+    if not (args.engine / "manifest.json").is_file():
+        print(f"error: {args.engine} is not a built engine (run `make engine`)", file=sys.stderr)
+        return 2
+    config = AiperfConfig(engine=args.engine, out=args.out, concurrency=args.concurrency,
+                          request_count=args.request_count, input_tokens=args.input_tokens,
+                          output_tokens=args.output_tokens, venv=args.venv, extra_args=tuple(extra))
+    try:
+        run(config)
+    except DFlashError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
