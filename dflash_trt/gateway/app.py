@@ -71,28 +71,30 @@ def create_app(config: GatewayConfig, model: ServedModel):
     async def completions(request: Request):
         parsed = parse_completion(parse_json(await request.body()))
         _check_model(parsed.model, model)
-        return await _answer(request, parsed, parsed.prompt, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+        prompt = model.completion_prompt(parsed.prompt)
+        return await _answer(request, parsed, prompt, prompt, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         parsed = parse_chat(parse_json(await request.body()))
         _check_model(parsed.model, model)
-        prompt = model.formatter.chat_prompt(parsed.messages, parsed.template_kwargs)
-        return await _answer(request, parsed, prompt, None, "messages")
+        sent, prompt = model.chat_prompt(parsed.messages, parsed.template_kwargs)
+        return await _answer(request, parsed, sent, prompt, None, "messages")
 
-    async def _answer(request, parsed: CompletionRequest | ChatRequest, prompt: str, default_max: int | None,
-                      param: str):
+    async def _answer(request, parsed: CompletionRequest | ChatRequest, sent: str, prompt: str,
+                      default_max: int | None, param: str):
+        """sent: the text_input for Triton; prompt: what it becomes after Triton's preprocessing."""
         try:
-            return await _generate(request, parsed, prompt, default_max, param)
+            return await _generate(request, parsed, sent, prompt, default_max, param)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; 499 is the log's "client closed request"
 
-    async def _generate(request, parsed, prompt: str, default_max: int | None, param: str):
+    async def _generate(request, parsed, sent: str, prompt: str, default_max: int | None, param: str):
         num_prompt_tokens = model.formatter.count_tokens(prompt)
         max_tokens = model.max_tokens(parsed.sampling.max_tokens, num_prompt_tokens, default_max, param)
         reply = out.Reply("completion" if isinstance(parsed, CompletionRequest) else "chat", model.name)
         echo = prompt if getattr(parsed, "echo", False) else ""
-        generation = app.state.ensemble.start(prompt, parsed.sampling, max_tokens)
+        generation = app.state.ensemble.start(sent, parsed.sampling, max_tokens)
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
             first = await _next(generation, watcher)  # Triton's errors become HTTP errors before any byte is sent

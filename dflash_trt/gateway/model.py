@@ -41,6 +41,26 @@ class ServedModel:
     max_context_tokens: int
     block_size: int
     created: int = field(default_factory=lambda: int(time.time()))
+    # The repository's preprocessing wraps every text_input as one user message (`repo --chat-template
+    # model|FILE`, as `make demo` renders it): then only such chats can be served, and no raw completions.
+    is_templated_by_triton: bool = False
+
+    def chat_prompt(self, messages: list[dict[str, str]], template_kwargs: dict) -> tuple[str, str]:
+        """(text to send to Triton, the prompt it becomes) for a chat request."""
+        templated = self.formatter.chat_prompt(messages, template_kwargs)
+        if not self.is_templated_by_triton:
+            return templated, templated
+        if len(messages) != 1 or messages[0]["role"] != "user" or template_kwargs:
+            raise invalid("This server's Triton repository applies the chat template itself, to one user message: "
+                          "send a single user message (or re-render the repository with `--chat-template none`)",
+                          "messages")
+        return messages[0]["content"], templated
+
+    def completion_prompt(self, prompt: str) -> str:
+        if self.is_templated_by_triton:
+            raise invalid("This server's Triton repository wraps every prompt in the chat template: use "
+                          "/v1/chat/completions (or re-render the repository with `--chat-template none`)", "prompt")
+        return prompt
 
     def max_tokens(self, requested: int | None, num_prompt_tokens: int, default: int | None, param: str) -> int:
         """The max_tokens to send: the request's (checked against the limits) or the endpoint's default."""
@@ -89,21 +109,23 @@ def load_served_model(config: GatewayConfig, client) -> ServedModel:
     config_json = client.get_model_config(PREPROCESSING, as_json=True)
     params = {k: v.get("string_value", "") for k, v in config_json.get("config", config_json)
               .get("parameters", {}).items()}
-    template = params.get("chat_template") or "none"
-    if template != "none":
-        raise DFlashError(f"the repository's preprocessing applies a chat template ({template[:40]!r}); the OpenAI "
-                          "gateway templates chat messages itself: render the repository without one")
+    repo_template = params.get("chat_template") or "none"
+    if repo_template != "none" and config.chat_template:
+        raise DFlashError("--chat-template: the repository's preprocessing already applies its own chat template")
     engine_dir = config.engine_dir or params.get("engine_dir")
     if not engine_dir:
         raise DFlashError("the preprocessing model names no engine_dir: pass --engine")
     tokenizer, engine = tokenizer_for(engine_dir)
     chat_template = Path(config.chat_template).read_text() if config.chat_template else None
+    if repo_template not in ("none", "model"):
+        chat_template = repo_template  # a Jinja template rendered into the repository
     return ServedModel(
         name=config.served_model_name or engine.manifest.get("name") or Path(engine_dir).name,
         formatter=PromptFormatter(tokenizer, chat_template),
         max_tokens_limit=_int_param(params, "max_tokens_limit"),
         max_context_tokens=_int_param(params, "max_context_tokens"),
         block_size=int(engine.block_size),
+        is_templated_by_triton=repo_template != "none",
     )
 
 

@@ -151,3 +151,20 @@ def test_the_companion_gateway_calls_triton_on_loopback_when_serving_on_every_in
     assert command[command.index("--triton-grpc") + 1] == "127.0.0.1:8001"
     assert command[command.index("--host") + 1] == "0.0.0.0" and command[command.index("--port") + 1] == "9000"
     assert gateway_command(9000, 8001, "10.0.0.5", 300)[command.index("--triton-grpc") + 1] == "10.0.0.5:8001"
+
+
+def test_a_repository_that_templates_itself_gets_the_bare_user_message(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    formatter = PromptFormatter(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
+    model = ServedModel("m", formatter, 100, 120, 8, is_templated_by_triton=True)
+    sent, prompt = model.chat_prompt(MESSAGES[1:], {})
+    assert sent == "Hi" and prompt == formatter.chat_prompt(MESSAGES[1:])
+    for messages, kwargs in ((MESSAGES, {}), (MESSAGES[1:], {"enable_thinking": False})):
+        with pytest.raises(APIError, match="single user message"):
+            model.chat_prompt(messages, kwargs)
+    with pytest.raises(APIError, match="chat/completions"):
+        model.completion_prompt("Once upon a time")
+    plain = ServedModel("m", formatter, 100, 120, 8)
+    assert plain.chat_prompt(MESSAGES, {}) == (formatter.chat_prompt(MESSAGES),) * 2
+    assert plain.completion_prompt("Once") == "Once"

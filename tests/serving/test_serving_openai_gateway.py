@@ -217,27 +217,39 @@ def test_a_non_streaming_client_that_gives_up_cancels_the_generation(gateway, tr
     assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
 
 
-def test_serve_with_openai_port_runs_the_gateway_beside_triton_and_stops_both(served_repo, tmp_path):
-    """`make serve OPENAI_PORT=...` runs `dflash-trt serve --openai-port`: the Helm chart's openai container port."""
+def test_serve_with_openai_port_runs_the_gateway_beside_triton_and_stops_both(tiny_engine, client, tmp_path):
+    """`make serve OPENAI_PORT=...` runs `dflash-trt serve --openai-port` (the Helm chart's openai port), here on
+    a repository that applies the chat template itself, as `make demo` renders it: a one-message chat gets the
+    same answer as from the gateway that templates it, raw completions are refused."""
     import signal
 
     import openai
 
+    from dflash_trt.serving.repo import RepoConfig, render_repository
     from dflash_trt.serving.server import free_ports
 
+    repo = render_repository(RepoConfig(tiny_engine, tmp_path / "repo", chat_template="model",
+                                        max_tokens_limit=256, max_context_tokens=512, num_threads=1))
     http, grpc, metrics, port = free_ports(4)
     log = tmp_path / "serve.log"
     with open(log, "w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "dflash_trt.cli", "serve", "--repo", str(served_repo), "--http-port", str(http),
+            [sys.executable, "-m", "dflash_trt.cli", "serve", "--repo", str(repo), "--http-port", str(http),
              "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port", str(port), "--quiet"],
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", process, log, timeout_s=300)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        name = client.models.list().data[0].id
-        answer = client.completions.create(model=name, prompt=PROMPT, max_tokens=4, temperature=0)
-        assert answer.usage.completion_tokens == 4
+        templating = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        name = templating.models.list().data[0].id
+        user_only = MESSAGES[1:]
+        answer = templating.chat.completions.create(model=name, messages=user_only, max_tokens=8, temperature=0)
+        reference = client.chat.completions.create(model=MODEL, messages=user_only, max_tokens=8, temperature=0)
+        assert answer.choices[0].message.content == reference.choices[0].message.content
+        assert answer.usage == reference.usage
+        with pytest.raises(openai.BadRequestError, match="single user message"):
+            templating.chat.completions.create(model=name, messages=MESSAGES, max_tokens=4)
+        with pytest.raises(openai.BadRequestError, match="chat/completions"):
+            templating.completions.create(model=name, prompt=PROMPT, max_tokens=4)
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, log.read_text()
