@@ -4,5 +4,6 @@ A thin FastAPI app: it validates OpenAI requests, applies the target's chat temp
 each generation to the `ensemble` model over gRPC streaming, so Triton stays the only serving engine.
 Modules: errors (OpenAI error bodies), protocol (request validation), prompts (chat template, token
 counts), responses (response and chunk objects), triton (the gRPC client), model (what is served),
-app (routes, streaming, disconnects).
+app (routes, streaming, disconnects), companion (the gateway beside `dflash-trt serve`), aiperf_bench
+(`make bench-aiperf`).
 """

@@ -96,6 +96,9 @@ def create_app(config: GatewayConfig, model: ServedModel):
         echo = prompt if getattr(parsed, "echo", False) else ""
         generation = app.state.ensemble.start(sent, parsed.sampling, max_tokens)
         watcher = asyncio.ensure_future(_disconnected(request))
+        # A disconnect cancels Triton's request by itself, even if the response body is never iterated
+        # (a client gone before the headers were sent).
+        watcher.add_done_callback(lambda done: done.cancelled() or generation.cancel())
         try:
             first = await _next(generation, watcher)  # Triton's errors become HTTP errors before any byte is sent
         except BaseException:
