@@ -25,7 +25,7 @@ def run_reference_snippet(drafter_dir: str, target_dir: str, max_new_tokens: int
     output = draft.spec_generate(input_ids=input_ids, max_new_tokens=max_new_tokens, temperature=0.0,
                                  target=target, stop_token_ids=[tokenizer.eos_token_id])
     print(tokenizer.decode(output[0], skip_special_tokens=False))
-    return output, input_ids, target, draft
+    return output, input_ids, target, draft, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +38,17 @@ def prompt_tensor(input_ids) -> torch.Tensor:
 
 
 def test_reference_snippet_equals_target_only_greedy_decoding(snippet):
-    output, input_ids, target, _ = snippet
+    output, input_ids, target, _, tokenizer = snippet
     prompt = prompt_tensor(input_ids)
     expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW_TOKENS,
-                               do_sample=False, eos_token_id=None, pad_token_id=0)
+                               do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0)
     assert output.dtype == torch.long
-    assert output.shape == (1, prompt.shape[1] + MAX_NEW_TOKENS)
+    assert prompt.shape[1] < output.shape[1] <= prompt.shape[1] + MAX_NEW_TOKENS
     assert torch.equal(output, expected)
 
 
 def test_output_ends_at_the_first_stop_token_which_is_kept(snippet):
-    output, input_ids, target, draft = snippet
+    output, input_ids, target, draft, _ = snippet
     prompt = prompt_tensor(input_ids)
     new = output[0, prompt.shape[1]:].tolist()
     stop = new[5]
@@ -59,7 +59,7 @@ def test_output_ends_at_the_first_stop_token_which_is_kept(snippet):
 
 
 def test_sampling_returns_prompt_plus_new_tokens(snippet):
-    _, input_ids, target, draft = snippet
+    _, input_ids, target, draft, _ = snippet
     prompt = prompt_tensor(input_ids)
     torch.manual_seed(0)
     output = draft.spec_generate(input_ids=prompt, max_new_tokens=8, temperature=0.7, target=target,
@@ -71,7 +71,7 @@ def test_sampling_returns_prompt_plus_new_tokens(snippet):
 def test_rejects_a_batch_of_prompts(snippet):
     from dflash_trt import DFlashError
 
-    _, input_ids, target, draft = snippet
+    _, input_ids, target, draft, _ = snippet
     prompt = prompt_tensor(input_ids)
     with pytest.raises(DFlashError, match=r"shape \[1, L\]"):
         draft.spec_generate(input_ids=prompt.repeat(2, 1), max_new_tokens=4, temperature=0.0, target=target,
@@ -81,7 +81,7 @@ def test_rejects_a_batch_of_prompts(snippet):
 def test_rejects_a_drafter_in_another_dtype_than_the_target(snippet, tiny_text_pair_dir):
     from dflash_trt import DFlashDrafter, DFlashError
 
-    _, input_ids, target, _ = snippet
+    _, input_ids, target, _, _ = snippet
     draft = DFlashDrafter.from_pretrained(str(tiny_text_pair_dir / "drafter"), dtype="bfloat16")
     assert next(draft.parameters()).dtype == torch.bfloat16
     with pytest.raises(DFlashError, match="same dtype"):
