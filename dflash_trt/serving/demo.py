@@ -10,7 +10,7 @@ from typing import Callable
 
 from dflash_trt.serving.client import GrpcStream
 from dflash_trt.serving.repo import RepoConfig, render_repository
-from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+from dflash_trt.serving.server import serve_on_free_ports
 
 
 @dataclass
@@ -37,12 +37,9 @@ def served_answer(engine_dir: Path, repo_dir: Path, prompt: str, max_tokens: int
 
     block_size = load_engine(engine_dir, verify=False, load_models=False).block_size
     render_repository(RepoConfig(engine_dir, repo_dir, chat_template=chat_template))
-    http, grpc, metrics = free_ports(3)
     log = Path(tempfile.mkstemp(prefix="dflash-triton-", suffix=".log")[1])
-    config = ServerConfig(repo_dir, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          ready_timeout_s=ready_timeout_s, log_path=log)
     write(f"starting Triton on {repo_dir} (log: {log}) ...")
-    with TritonServer(config) as server:
+    with serve_on_free_ports(repo_dir, ready_timeout_s=ready_timeout_s, log_path=log) as server:
         write(server.describe())
         write(f"\n> {prompt}\n")
         stream = GrpcStream(server.config.grpc_url)

@@ -86,12 +86,11 @@ def in_process(engine: Path, prompts: list[str], max_tokens: int, num_threads: i
 def served(engine: Path, prompts: list[str], max_tokens: int, num_threads: int) -> list[ModeResult]:
     from dflash_trt.serving.client import GrpcStream, generate, join_text
     from dflash_trt.serving.repo import RepoConfig, render_repository
-    from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+    from dflash_trt.serving.server import serve_on_free_ports
 
     with tempfile.TemporaryDirectory(prefix="dflash-overhead-") as scratch:
         repo = render_repository(RepoConfig(engine, Path(scratch) / "repo", num_threads=num_threads))
-        http, grpc, metrics = free_ports(3)
-        with TritonServer(ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics)) as server:
+        with serve_on_free_ports(repo) as server:
             generate(server.config.http_url, prompts[0], max_tokens)  # warm-up
             stream_result, http_result = ModeResult("triton gRPC stream"), ModeResult("triton HTTP generate")
             stream = GrpcStream(server.config.grpc_url)

@@ -187,12 +187,13 @@ class TritonServer:
             self._pump.join(timeout=5)
 
     def __enter__(self) -> "TritonServer":
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        if self._process is None:  # serve_on_free_ports hands over a server that is already up
+            self.start()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -230,6 +231,27 @@ def serve_forever(config: ServerConfig) -> int:
         server.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def serve_on_free_ports(model_repository: Path, attempts: int = 3, **overrides) -> TritonServer:
+    """A ready server on free loopback ports (use it as a context manager to stop it).
+
+    A port can be taken by another process between asking the OS for it and tritonserver binding it;
+    the server then fails at once with "already in use", and another set of ports is tried.
+    """
+    for attempt in range(attempts):
+        http, grpc, metrics = free_ports(3)
+        server = TritonServer(ServerConfig(model_repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                           **overrides))
+        try:
+            server.start()
+            server.wait_ready()
+            return server
+        except ServerError as error:
+            server.stop()
+            if "already in use" not in str(error) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def free_ports(count: int) -> list[int]:

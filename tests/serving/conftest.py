@@ -201,13 +201,10 @@ def served_repo(tiny_engine, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def triton(served_repo, tmp_path_factory):
     """The real tritonserver on free loopback ports, serving `served_repo` for the whole session."""
-    from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+    from dflash_trt.serving.server import serve_on_free_ports
 
-    http, grpc, metrics = free_ports(3)
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    config = ServerConfig(model_repository=served_repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          ready_timeout_s=300, log_path=log)
-    with TritonServer(config) as server:
+    with serve_on_free_ports(served_repo, ready_timeout_s=600, log_path=log) as server:
         yield server
 
 

@@ -71,6 +71,25 @@ def test_gives_up_after_the_ready_timeout_and_stops_the_server(tmp_path, server_
     assert server.returncode is not None
 
 
+def test_serve_on_free_ports_tries_other_ports_when_one_is_taken(tmp_path, monkeypatch):
+    import socket
+
+    from dflash_trt.serving import server as server_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = server_module.free_ports
+    offers = iter([[real(1)[0], taken.getsockname()[1], real(1)[0]]])
+    monkeypatch.setattr(server_module, "free_ports", lambda n: next(offers, None) or real(n))
+    try:
+        with server_module.serve_on_free_ports(make_repo(tmp_path, "echo", ECHO), ready_timeout_s=180) as server:
+            assert server.config.grpc_port != taken.getsockname()[1]
+            assert infer(server, "echo", "again") == "again!"
+    finally:
+        taken.close()
+
+
 def test_load_errors_picks_the_failure_lines():
     log = "I0 loading: dflash:1\nE1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\"\nI2 other\n"
     assert load_errors(log) == ["E1 model_lifecycle.cc] \"failed to load 'dflash' version 1: boom\""]

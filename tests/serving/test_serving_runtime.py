@@ -14,7 +14,7 @@ from dflash_trt.serving.generation import Stats, chunks
 from dflash_trt.serving.repo import RepoConfig, render_repository
 from dflash_trt.serving.requests import GenerationRequest
 from dflash_trt.serving.runtime import _drafter, open_runtime
-from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+from dflash_trt.serving.server import serve_on_free_ports
 
 PROMPT_IDS = [1, 2, 3, 4, 5]
 
@@ -38,8 +38,7 @@ def test_a_served_onnx_engine_answers_like_the_torch_runtime(onnx_pair_engines, 
     ids, request, end_ids = reference.tokenizer.encode(prompt), GenerationRequest(prompt, 12), reference.default_end_ids
     (answer,) = chunks(request, ids, reference.steps(ids, request, end_ids), reference.tokenizer, Stats(8), end_ids)
     repo = render_repository(RepoConfig(onnx_pair_engines["onnx"], tmp_path / "repo", num_threads=1))
-    http, grpc, metrics = free_ports(3)
-    with TritonServer(ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics)) as server:
+    with serve_on_free_ports(repo) as server:
         out = generate(server.config.http_url, prompt, 12)
     assert out["text_output"] == decode(reference.tokenizer, answer.window_ids)  # prompt echoed in both
 
