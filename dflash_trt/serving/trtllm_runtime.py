@@ -1,7 +1,8 @@
 """The trtllm runtime: TensorRT-LLM's LLM API with its native DFlash speculative decoding.
 
 Written against TensorRT-LLM 1.3.0rc27 (the version the engine builder targets):
-`LLM(**options)` with the engine's speculative_config (decoding_type DFlash) and parallelism,
+`LLM(**options)` with the engine's speculative_config (decoding_type DFlash) and parallelism (nested
+sections converted by `llmapi.llm_utils.update_llm_args_with_extra_dict`),
 `LLM.generate_async(inputs, sampling_params, streaming=True)` returning a RequestOutput that is
 async-iterable and has `abort()`, `SamplingParams(max_tokens, temperature, top_k, top_p, seed,
 end_id, stop_token_ids, detokenize, return_perf_metrics)`, and per response
@@ -47,6 +48,19 @@ def sampling_kwargs(request: GenerationRequest, end_ids) -> dict:
     return kwargs
 
 
+def llm_kwargs(options: dict) -> dict:
+    """LLM(**kwargs) from the engine's YAML options: nested sections become TensorRT-LLM's config
+    objects the way `trtllm-serve --extra_llm_api_options` does it (speculative_config through
+    DecodingBaseConfig.from_dict, which picks DFlashDecodingConfig by decoding_type)."""
+    options = dict(options)
+    try:
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
+    except ImportError:
+        return options
+    model = options.pop("model")
+    return update_llm_args_with_extra_dict({"model": model}, options)
+
+
 @dataclass
 class _Cursor:
     """Cumulative statistics already turned into steps."""
@@ -89,7 +103,8 @@ class TrtllmRuntime:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-loop", daemon=True)
         self._thread.start()
-        self.llm = self._call(lambda: tensorrt_llm.LLM(**llm_options))
+        kwargs = llm_kwargs(llm_options)
+        self.llm = self._call(lambda: tensorrt_llm.LLM(**kwargs))
 
     @classmethod
     def from_engine(cls, engine) -> "TrtllmRuntime":

@@ -102,6 +102,19 @@ def test_builds_the_llm_from_the_engine_options_and_streams_token_ids(trtllm):
     assert llm.is_shut_down
 
 
+def test_nested_options_go_through_tensorrt_llms_own_conversion(trtllm, monkeypatch):
+    llmapi, llm_utils = types.ModuleType("tensorrt_llm.llmapi"), types.ModuleType("tensorrt_llm.llmapi.llm_utils")
+    llm_utils.update_llm_args_with_extra_dict = lambda base, extra: {
+        **base, **extra, "speculative_config": ("DFlashDecodingConfig", extra["speculative_config"]["max_draft_len"])}
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_utils", llm_utils)
+    runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8)
+    options = trtllm.instances[0].options
+    assert options["model"] == OPTIONS["model"] and options["tensor_parallel_size"] == 8
+    assert options["speculative_config"] == ("DFlashDecodingConfig", 7)
+    runtime.close()
+
+
 def test_acceptance_statistics_come_from_tensorrt_llm(trtllm):
     runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8)
     stats = Stats(block_size=8)
