@@ -22,6 +22,7 @@ RUNTIME ?=
 QUANT ?=
 OUT ?=
 ENGINE_ARGS ?=
+DRAFTER_ARGS ?=
 # Triton: the engine to package, the repository to serve, where the server listens (loopback by default).
 ENGINE ?= engines/$(MODEL)
 REPO ?= model_repository/$(notdir $(ENGINE))
@@ -38,7 +39,7 @@ BENCH_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench bench-aiperf
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -61,6 +62,9 @@ test-fast: setup ## Run the tests without the slow ones
 
 helm-check: setup ## Lint and render the Helm chart offline, validate its manifests, check the images (tests/deploy)
 	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
+
+drafter: setup ## Train a DFlash drafter: MODEL=<preset> [OUT=dir] [DRAFTER_ARGS=...] (resumable; see train-drafter --help)
+	$(BIN)/dflash-trt train-drafter --model $(MODEL) $(if $(OUT),--out $(OUT)) $(DRAFTER_ARGS)
 
 demo: setup ## Build the demo engine (SmolLM2-135M + its DFlash drafter), serve it with Triton, stream one answer with tau
 	$(BIN)/dflash-trt demo

@@ -12,7 +12,7 @@ import sys
 
 from .errors import DFlashError
 
-COMMANDS = ("generate", "bench", "bench_report", "demo", "engine", "plan", "repo", "serve", "openai")
+COMMANDS = ("generate", "bench", "bench_report", "demo", "engine", "plan", "repo", "serve", "openai", "train_drafter")
 
 
 def build_parser() -> argparse.ArgumentParser:

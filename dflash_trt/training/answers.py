@@ -31,6 +31,9 @@ class AnswerConfig:
     num_shards: int = 1
     seed: int = 0
     threads: int = 1
+    # Target layers whose outputs are kept while generating ("1,8,14,20,27"; empty: none). Capturing
+    # them here is almost free, whereas a separate feature pass costs a full target forward per sample.
+    feature_layer_ids: str = ""
 
 
 def ordered_prompts(root: str, max_prompts: int, seed: int) -> list[tuple[str, str]]:
@@ -64,11 +67,31 @@ def trim_response(ids: list[int], pad_id: int, stop_ids: tuple[int, ...]) -> lis
     return out
 
 
+def generation_features(hidden_states, layer_ids, width: int, recs: list[dict]):
+    """Per-record features [n, K*D] from generate's hidden states (left-padded prompt of `width`).
+
+    Step 0 holds the prompt positions, step s > 0 the token fed at that step. The last token of a
+    record is never fed, so its row is zero: training never reads it (anchors have a label after them).
+    """
+    import torch
+
+    per_layer = [torch.cat([hidden_states[0][i + 1]] + [h[i + 1] for h in hidden_states[1:]], dim=1)
+                 for i in layer_ids]
+    full = torch.cat(per_layer, dim=-1)  # [B, width + steps - 1, K*D]
+    out = []
+    for b, rec in enumerate(recs):
+        n, start = len(rec["ids"]), width - rec["prompt_len"]
+        rows = full[b, start:start + n - 1]
+        out.append(torch.cat([rows, rows.new_zeros(n - rows.shape[0], rows.shape[1])]))
+    return out
+
+
 def generate_answers(cfg: AnswerConfig) -> Path:
     """Generate (resumably) this shard's answers; returns the shard's JSON-lines file."""
     import torch
     from tqdm import tqdm
 
+    from dflash_trt.training.features import feature_dir, write_feature_chunk
     from dflash_trt.training.target_io import SMOLLM2_STOP_IDS, load_hf_target
 
     torch.set_num_threads(cfg.threads)
@@ -79,6 +102,7 @@ def generate_answers(cfg: AnswerConfig) -> Path:
              if i % cfg.num_shards == cfg.shard]
     todo = [it for it in items if it[0] not in done_indices(path)]
     model, tok = load_hf_target(cfg.target)
+    layer_ids = tuple(int(x) for x in cfg.feature_layer_ids.split(",") if x.strip())
     stop_ids = SMOLLM2_STOP_IDS if tok.eos_token_id not in SMOLLM2_STOP_IDS and len(tok) == 49152 else (tok.eos_token_id,)
     pad_id = 0
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"answers shard {cfg.shard}")
@@ -91,13 +115,19 @@ def generate_answers(cfg: AnswerConfig) -> Path:
         attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
         with torch.no_grad():
             gen = model.generate(input_ids=input_ids, attention_mask=attn, max_new_tokens=cfg.max_new_tokens,
-                                 do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id)
+                                 do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id,
+                                 output_hidden_states=bool(layer_ids), return_dict_in_generate=True)
+        recs = []
+        for (idx, fam, prompt), p_ids, row in zip(batch, ids, gen.sequences[:, width:].tolist()):
+            resp = trim_response(row, pad_id, stop_ids)
+            ntok += len(resp)
+            recs.append({"idx": idx, "family": fam, "prompt": prompt, "ids": p_ids + resp, "prompt_len": len(p_ids)})
+        if layer_ids:
+            write_feature_chunk(feature_dir(cfg.out, layer_ids), recs,
+                                generation_features(gen.hidden_states, layer_ids, width, recs))
         with open(path, "a", encoding="utf-8") as f:
-            for (idx, fam, prompt), p_ids, row in zip(batch, ids, gen[:, width:].tolist()):
-                resp = trim_response(row, pad_id, stop_ids)
-                ntok += len(resp)
-                f.write(json.dumps({"idx": idx, "family": fam, "prompt": prompt,
-                                    "ids": p_ids + resp, "prompt_len": len(p_ids)}) + "\n")
+            for rec in recs:
+                f.write(json.dumps(rec) + "\n")
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{ntok / (time.time() - t0):.1f}")
     bar.close()

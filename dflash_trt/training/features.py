@@ -27,6 +27,20 @@ def target_features(model, ids: list[list[int]], layer_ids: tuple[int, ...]) -> 
     return [feats[b, :len(x)] for b, x in enumerate(ids)]
 
 
+def feature_dir(data_dir: str | Path, layer_ids) -> Path:
+    return Path(data_dir) / ("features-" + "-".join(map(str, layer_ids)))
+
+
+def write_feature_chunk(fdir: Path, recs: list[dict], feats: list[torch.Tensor]) -> None:
+    """Store one chunk of samples; the index file is written last, so a torn chunk is redone on resume."""
+    fdir.mkdir(parents=True, exist_ok=True)
+    name = f"chunk_{recs[0]['idx']:06d}_{len(recs)}"
+    torch.save([{"idx": r["idx"], "family": r["family"], "ids": torch.tensor(r["ids"], dtype=torch.int32),
+                 "prompt_len": r["prompt_len"], "features": f.to(torch.bfloat16).clone()}
+                for r, f in zip(recs, feats)], fdir / f"{name}.pt")
+    (fdir / f"{name}.json").write_text(json.dumps([r["idx"] for r in recs]))
+
+
 def done_indices(feature_dir: Path) -> set[int]:
     done = set()
     for p in feature_dir.glob("chunk_*.json"):
@@ -39,25 +53,19 @@ def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], chunk: int 
     """Compute features for every answer record not cached yet; returns the number added."""
     from tqdm import tqdm
 
-    fdir = Path(data_dir) / ("features-" + "-".join(map(str, layer_ids)))
+    fdir = feature_dir(data_dir, layer_ids)
     fdir.mkdir(parents=True, exist_ok=True)
     done = done_indices(fdir)
     todo = [r for r in read_answers(data_dir) if r["idx"] not in done][:max_records]
     for b in tqdm(range(0, len(todo), chunk), desc="target features"):
         recs = sorted(todo[b:b + chunk], key=lambda r: len(r["ids"]))
-        feats = target_features(model, [r["ids"] for r in recs], layer_ids)
-        name = f"chunk_{recs[0]['idx']:06d}_{len(recs)}"
-        torch.save([{"idx": r["idx"], "family": r["family"], "ids": torch.tensor(r["ids"], dtype=torch.int32),
-                     "prompt_len": r["prompt_len"], "features": f.to(torch.bfloat16).clone()}
-                    for r, f in zip(recs, feats)], fdir / f"{name}.pt")
-        # The index file is written last: a chunk without it is recomputed on resume.
-        (fdir / f"{name}.json").write_text(json.dumps([r["idx"] for r in recs]))
+        write_feature_chunk(fdir, recs, target_features(model, [r["ids"] for r in recs], layer_ids))
     return len(todo)
 
 
 def load_feature_cache(data_dir: str, layer_ids: tuple[int, ...]) -> list[dict]:
     """Every cached sample (ids, prompt_len, features) of a data directory, sorted by prompt index."""
-    fdir = Path(data_dir) / ("features-" + "-".join(map(str, layer_ids)))
+    fdir = feature_dir(data_dir, layer_ids)
     samples = []
     for p in sorted(fdir.glob("chunk_*.json")):
         samples += torch.load(p.with_suffix(".pt"), weights_only=True)

@@ -52,7 +52,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         t0 = time.time()
         generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,
                                       max_prompts=cfg.max_prompts, max_new_tokens=cfg.max_new_tokens,
-                                      batch_size=cfg.answer_batch_size, threads=tc.threads))
+                                      batch_size=cfg.answer_batch_size, threads=tc.threads,
+                                      feature_layer_ids=",".join(map(str, tc.target_layer_ids))))
         summary["answers_s"] = round(time.time() - t0, 1)
     if not {"features", "train", "export"} & set(cfg.stages):
         return summary
@@ -86,7 +87,10 @@ def train_on_cache(tc: TrainConfig, samples: list[dict], model, tok) -> dict:
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     evaluate = make_evaluator(tc, model, tok, tc.eval_prompts_per_family)
-    trainer = Trainer(tc, samples, emb, head, model.config, evaluate)
+    from dflash_trt.training.features import load_feature_cache
+
+    trainer = Trainer(tc, samples, emb, head, model.config, evaluate, final_norm_weight=model.model.norm.weight,
+                      refresh=lambda: load_feature_cache(tc.data, tc.target_layer_ids))
     last = trainer.run()
     return {"steps": trainer.step, "train_s": round(trainer.elapsed, 1), "num_samples": len(samples),
             "num_response_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in samples), "last": last}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -26,7 +27,7 @@ class TrainConfig:
     out: str = "out/drafter-train"
     prompts: str = "data/prompts"
     target: str = "smollm2"
-    num_layers: int = 4
+    num_layers: int = 2
     block_size: int = 8
     target_layer_ids: tuple[int, ...] = (1, 8, 14, 20, 27)
     mask_token_id: int = 4
@@ -36,13 +37,24 @@ class TrainConfig:
     warmup_steps: int = 50
     weight_decay: float = 0.01
     batch_size: int = 4
-    blocks_per_seq: int = 16
+    blocks_per_seq: int = 32
+    # "data": the loss's softmax runs over the tokens present in the training samples only (a few
+    # thousand rows of the 49k-row head), which makes CPU training several times cheaper; "full":
+    # the whole vocabulary. Inference always uses the full head.
+    train_vocab: str = "data"
+    # Divide each feature dimension by its RMS over the data while training (folded back into
+    # fc.weight on export, so the checkpoint is unchanged in form). Llama-style targets carry a few
+    # "massive activation" dimensions (RMS ~2000 vs ~5 for the rest) that otherwise drown the fc input.
+    feature_scale: bool = True
     max_steps: int = 2000
     max_minutes: float = 60.0
     eval_every: int = 200
     eval_prompts_per_family: int = 2
     eval_max_new_tokens: int = 64
     save_every: int = 100
+    # Re-read the feature cache every this many steps (0: never), so training can start while
+    # answers are still being generated.
+    refresh_every: int = 0
     seed: int = 0
     threads: int = 1
     stop_token_ids: tuple[int, ...] = field(default_factory=lambda: (2,))
@@ -69,26 +81,52 @@ def drafter_config(cfg: TrainConfig, target_config) -> DrafterConfig:
     })
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to 10% of the peak at max_steps."""
+def feature_rms(samples: list[dict], max_samples: int = 64) -> torch.Tensor:
+    """Per-dimension RMS of the features (first position excluded: it is the attention sink), >= 1e-3."""
+    rows = torch.cat([s["features"][1:].float() for s in samples[:max_samples]])
+    return rows.pow(2).mean(0).sqrt().clamp(min=1e-3)
+
+
+def lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak at max_steps or at the time budget,
+    whichever comes first (so a time-bounded run still ends on a low learning rate)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    progress = min(1.0, max((step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps),
+                            elapsed_s / 60 / cfg.max_minutes))
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def training_head(head: torch.Tensor, samples: list[dict], mode: str):
+    """(head rows used by the loss, map full id -> row or None). Labels always lie in the data vocab."""
+    if mode == "full":
+        return head, None
+    if mode != "data":
+        raise ValueError(f"train_vocab must be 'data' or 'full', got {mode!r}")
+    ids = torch.unique(torch.cat([s["ids"].long() for s in samples]))
+    vocab_map = torch.full((head.shape[0],), -1, dtype=torch.long)
+    vocab_map[ids] = torch.arange(len(ids))
+    return head[ids], vocab_map
 
 
 class Trainer:
     """Owns drafter, optimiser and data order; `run` trains until max_steps or max_minutes."""
 
     def __init__(self, cfg: TrainConfig, samples: list[dict], embed_weight: torch.Tensor,
-                 head_weight: torch.Tensor, target_config, evaluate=None):
-        self.cfg, self.samples, self.evaluate = cfg, samples, evaluate
-        self.embed, self.head = embed_weight.detach(), head_weight.detach()
+                 head_weight: torch.Tensor, target_config, evaluate=None, final_norm_weight=None, refresh=None):
+        self.cfg, self.evaluate, self.refresh = cfg, evaluate, refresh
+        self.embed, self.full_head = embed_weight.detach(), head_weight.detach()
+        self.set_samples(samples)
         torch.manual_seed(cfg.seed)
         self.drafter = DFlashDrafter(drafter_config(cfg, target_config)).train()
+        if final_norm_weight is not None:
+            # The drafter's states feed the target's head: start its final norm where the target's is.
+            with torch.no_grad():
+                self.drafter.norm.weight.copy_(final_norm_weight)
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step = 0
+        self.scale = feature_rms(samples) if cfg.feature_scale else None
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.order: list[int] = []
         self.out = Path(cfg.out)
@@ -96,32 +134,52 @@ class Trainer:
         self.elapsed = 0.0
         self._resume()
 
+    def set_samples(self, samples: list[dict]) -> None:
+        """Train on `samples` from now on (the current epoch's order continues over the old ones)."""
+        self.samples = samples
+        self.by_idx = {s["idx"]: s for s in samples}
+        self.head, self.vocab_map = training_head(self.full_head, samples, self.cfg.train_vocab)
+
     def _resume(self) -> None:
         path = self.out / STATE_NAME
         if not path.exists():
             return
         state = torch.load(path, weights_only=False)
         self.drafter.load_state_dict(state["drafter"])
-        self.opt.load_state_dict(state["optimizer"])
+        if self.scale is not None and state.get("feature_scale") is None:
+            # A run started without feature scaling continues with it: fc(x) == (fc.weight * s)(x / s).
+            with torch.no_grad():
+                self.drafter.fc.weight.mul_(self.scale[None, :])
+        else:
+            self.scale = state.get("feature_scale")
+            self.opt.load_state_dict(state["optimizer"])
         self.step, self.order, self.elapsed = state["step"], state["order"], state["elapsed"]
         self.generator.set_state(state["generator"])
 
     def save(self) -> None:
         state = {"drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
                  "order": self.order, "elapsed": self.elapsed, "generator": self.generator.get_state(),
-                 "config": asdict(self.cfg)}
+                 "config": asdict(self.cfg), "feature_scale": self.scale}
         tmp = self.out / (STATE_NAME + ".tmp")
         torch.save(state, tmp)
         tmp.replace(self.out / STATE_NAME)  # atomic: an interrupted save never corrupts the last one
-        save_drafter(self.drafter, self.out / "drafter")
+        save_drafter(self.published_drafter(), self.out / "drafter")
+
+    def published_drafter(self) -> DFlashDrafter:
+        """The drafter as it runs on raw target features (feature scaling folded into fc.weight)."""
+        drafter = copy.deepcopy(self.drafter).eval()
+        if self.scale is not None:
+            with torch.no_grad():
+                drafter.fc.weight.div_(self.scale[None, :])
+        return drafter
 
     def _next_samples(self) -> list[dict]:
         picked = []
         while len(picked) < self.cfg.batch_size:
-            if not self.order:  # new epoch: deterministic shuffle seeded by the step
-                self.order = list(range(len(self.samples)))
+            if not self.order:  # new epoch: deterministic shuffle seeded by the step (sample idx values)
+                self.order = sorted(self.by_idx)
                 random.Random(self.cfg.seed * 1_000_003 + self.step).shuffle(self.order)
-            picked.append(self.samples[self.order.pop()])
+            picked.append(self.by_idx[self.order.pop()])
         return picked
 
     def train_step(self) -> dict[str, float]:
@@ -129,8 +187,12 @@ class Trainer:
         anchors = [sample_anchors(s["prompt_len"], len(s["ids"]), self.cfg.blocks_per_seq, self.generator)
                    for s in samples]
         batch = build_batch(samples, anchors, self.cfg.block_size, self.cfg.mask_token_id, self.cfg.gamma)
+        if self.scale is not None:
+            batch["features"] = batch["features"] / self.scale
+        if self.vocab_map is not None:
+            batch["labels"] = self.vocab_map[batch["labels"]]
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(self.step, self.cfg)
+            group["lr"] = lr_at(self.step, self.cfg, self.elapsed)
         loss, stats = block_loss(self.drafter, self.embed, self.head, batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -152,15 +214,23 @@ class Trainer:
         while self.step < self.cfg.max_steps and (time.time() - start) / 60 < self.cfg.max_minutes:
             stats = self.train_step()
             self.elapsed = time.time() - start
-            last = {"step": self.step, "lr": lr_at(self.step - 1, self.cfg), "elapsed_s": round(self.elapsed, 1),
+            last = {"step": self.step, "lr": lr_at(self.step - 1, self.cfg, self.elapsed), "elapsed_s": round(self.elapsed, 1),
                     **{k: round(v, 4) for k, v in stats.items()}}
             if self.step % 10 == 0:
                 self._log(last)
             if self.evaluate and self.step % self.cfg.eval_every == 0:
-                last.update(self.evaluate(self.drafter))
+                last.update(self.evaluate(self.published_drafter()))
                 self._log({"step": self.step, "eval": True, **last})
             if self.step % self.cfg.save_every == 0:
                 self.save()
+            if self.refresh and self.cfg.refresh_every and self.step % self.cfg.refresh_every == 0:
+                fresh = self.refresh()
+                if len(fresh) > len(self.samples):
+                    known = set(self.by_idx)
+                    self.set_samples(fresh)
+                    # New samples go first (order is popped from the end) in the current epoch.
+                    self.order += [s["idx"] for s in fresh if s["idx"] not in known]
+                    self._log({"step": self.step, "num_samples": len(fresh)})
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc1=f"{stats['acc1']:.2f}")
         bar.close()

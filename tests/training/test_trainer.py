@@ -41,7 +41,7 @@ def test_checkpoint_round_trips_in_published_format(tmp_path):
     trainer = _trainer(tmp_path, model, _samples(model), max_steps=3)
     trainer.run()
     loaded = load_drafter(tmp_path / "run" / "drafter")
-    for name, tensor in trainer.drafter.state_dict().items():
+    for name, tensor in trainer.published_drafter().state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor)
     config = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
     assert config["dflash_config"] == {"target_layer_ids": list(LAYER_IDS), "mask_token_id": 255}
@@ -58,3 +58,20 @@ def test_training_resumes_from_its_last_state(tmp_path):
     torch.testing.assert_close(resumed.drafter.state_dict(), first.drafter.state_dict())
     resumed.run()
     assert resumed.step == 4
+
+
+def test_published_drafter_on_raw_features_equals_training_on_scaled_features(tmp_path):
+    from dflash_trt.training.recipe import build_batch, drafter_block_states
+
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    trainer = _trainer(tmp_path, model, samples, max_steps=2)
+    trainer.run()
+    anchors = [torch.tensor([8, 12])] * len(samples)
+    batch = build_batch(samples, anchors, 4, model.config.vocab_size - 1, 4.0)
+    scaled = dict(batch, features=batch["features"] / trainer.scale)
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():
+        want = drafter_block_states(trainer.drafter, embed, scaled)
+        got = drafter_block_states(load_drafter(tmp_path / "run" / "drafter"), embed, batch)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,51 @@
+"""`dflash-trt train-drafter`: train a DFlash drafter for a target on its own greedy answers."""
+
+from __future__ import annotations
+
+from ..errors import DFlashError
+
+STAGES = ("prompts", "answers", "features", "train", "export")
+
+
+def register(subparsers) -> None:
+    from ..training.pipeline import PRESETS
+
+    parser = subparsers.add_parser(
+        "train-drafter", help="train a DFlash drafter (prompts -> target answers -> features -> training)",
+        description="Every stage resumes from what its work directory already holds.")
+    parser.add_argument("--model", default="smollm2-135m", choices=sorted(PRESETS), help="training preset")
+    parser.add_argument("--target", help="target: Hugging Face directory or .gguf (default: the preset's)")
+    parser.add_argument("--work", default="out/drafter", help="work directory (answers, features, checkpoints)")
+    parser.add_argument("--out", help="where the trained drafter is written (default: the preset's)")
+    parser.add_argument("--prompts", default="data/prompts", help="prompt sets root (<family>/{train,heldout}.jsonl)")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    parser.add_argument("--max-prompts", type=int, help="training prompts to answer (default: the preset's)")
+    parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default: the preset's)")
+    parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--max-minutes", type=float, default=60.0, help="training time budget")
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..training.pipeline import PRESETS, PipelineConfig, run_pipeline
+    from ..training.trainer import TrainConfig
+
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        raise DFlashError(f"unknown stages {unknown}; choose from {list(STAGES)}")
+    preset = PRESETS[args.model]
+    train = TrainConfig(data=f"{args.work}/data", out=f"{args.work}/train", prompts=args.prompts,
+                        target=args.target or preset["target"], max_steps=args.max_steps,
+                        max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
+                        threads=args.threads)
+    cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages,
+                         max_prompts=args.max_prompts or preset["max_prompts"],
+                         max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])
+    summary = run_pipeline(cfg)
+    for key, value in summary.items():
+        print(f"{key}: {value}")
+    return 0
