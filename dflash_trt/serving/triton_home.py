@@ -20,6 +20,8 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 
 STUB_NAME = "triton_python_backend_stub"
+# A full Triton installation to use instead of nvidia-pytriton's (the NGC image: /opt/tritonserver).
+HOME_VARIABLE = "DFLASH_TRITON_HOME"
 
 
 class ServerError(DFlashError):
@@ -27,7 +29,12 @@ class ServerError(DFlashError):
 
 
 def triton_home() -> Path:
-    """Directory `pytriton/tritonserver` of the installed nvidia-pytriton wheel (not imported)."""
+    """The Triton installation to run: $DFLASH_TRITON_HOME if set, else nvidia-pytriton's (not imported)."""
+    if os.environ.get(HOME_VARIABLE):
+        home = Path(os.environ[HOME_VARIABLE])
+        if not (home / "bin" / "tritonserver").is_file():
+            raise ServerError(f"{HOME_VARIABLE}={home}: no bin/tritonserver there")
+        return home
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise ServerError("nvidia-pytriton is not installed; run `make setup` (it installs the serve extra)")
@@ -48,11 +55,13 @@ def install_python_stub(home: Path, version: str | None = None) -> Path:
     parallel never see a half-written stub.
     """
     version = version or python_version_tag()
+    target = home / "backends" / "python" / STUB_NAME
+    if not (home / "python_backend_stubs").is_dir() and target.is_file():
+        return target  # a full Triton installation ships its stub in place
     source = home / "python_backend_stubs" / version / STUB_NAME
     if not source.is_file():
         available = sorted(p.name for p in (home / "python_backend_stubs").iterdir())
         raise ServerError(f"no Python backend stub for Python {version} (available: {', '.join(available)})")
-    target = home / "backends" / "python" / STUB_NAME
     if target.is_file() and filecmp.cmp(source, target, shallow=False):
         return target
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{STUB_NAME}.")

@@ -125,3 +125,23 @@ def test_environment_puts_this_interpreter_first():
     env = server_env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/lib"})
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[:2] == [sysconfig.get_config_var("LIBDIR"), "/opt/lib"]
+
+
+def test_a_full_triton_installation_is_used_from_its_variable(tmp_path, monkeypatch):
+    from dflash_trt.serving.triton_home import triton_home
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tritonserver").write_text("")
+    (tmp_path / "backends" / "python").mkdir(parents=True)
+    (tmp_path / "backends" / "python" / STUB_NAME).write_text("")
+    monkeypatch.setenv("DFLASH_TRITON_HOME", str(tmp_path))
+    assert triton_home() == tmp_path
+    assert install_python_stub(tmp_path) == tmp_path / "backends" / "python" / STUB_NAME
+
+
+def test_a_triton_home_without_a_server_is_refused(tmp_path, monkeypatch):
+    from dflash_trt.serving.triton_home import triton_home
+
+    monkeypatch.setenv("DFLASH_TRITON_HOME", str(tmp_path))
+    with pytest.raises(ServerError, match="DFLASH_TRITON_HOME=.*no bin/tritonserver"):
+        triton_home()
