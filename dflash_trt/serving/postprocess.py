@@ -5,19 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_trt.serving.detokenize import decode_chunk
+from dflash_trt.serving.dflash_service import OUTPUTS as DFLASH_OUTPUTS
 from dflash_trt.serving.requests import decode_text, scalar
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
-INPUTS = {
-    "output_ids": "TYPE_INT32",
-    "num_context_tokens": "TYPE_INT32",
-    "num_output_tokens": "TYPE_INT32",
-    "total_draft_tokens": "TYPE_INT32",
-    "total_accepted_draft_tokens": "TYPE_INT32",
-    "acceptance_rate": "TYPE_FP32",
-    "finish_reason": "TYPE_STRING",
-    "generation_id": "TYPE_STRING",
-}
+# Postprocessing consumes exactly what the dflash model emits: one definition of that contract.
+INPUTS = DFLASH_OUTPUTS
 PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
                   "finish_reason")
 
