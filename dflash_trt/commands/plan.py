@@ -11,7 +11,8 @@ from .engine import add_checkpoint_arguments, add_layout_arguments
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="check a parallel layout and print the per-GPU memory budget",
-        description="Reads only config.json files: `hf download <id> config.json` is enough to plan.")
+        description="Reads only config.json files: the local checkpoints when found, else the published configs "
+                    "shipped with the presets (build/presets/configs), so a layout can be planned before any download.")
     parser.add_argument("--model", default=DEFAULT_PRESET, help=f"preset name or .yaml file (default: {DEFAULT_PRESET})")
     add_layout_arguments(parser)
     parser.add_argument("--seq-len", type=int, help="sequence length for tokens in flight (default: the preset's "
@@ -25,14 +26,29 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.arch import read_target_arch
     from ..engine.planner import format_plan, plan_parallelism
     from ..engine.presets import load_preset
-    from ..engine.resolve import resolve_checkpoint
 
     preset = load_preset(args.model).with_overrides(tp=args.tp, ep=args.ep, gpu=args.gpu, kv_dtype=args.kv_dtype,
                                                     memory_fraction=args.memory_fraction)
-    target = resolve_checkpoint("target", preset.target, args.target, args.checkpoints_dir, require_weights=False)
-    drafter = resolve_checkpoint("drafter", preset.drafter, args.drafter, args.checkpoints_dir, require_weights=False)
+    target = _config_source("target", preset.target, args.target, args.checkpoints_dir)
+    drafter = _config_source("drafter", preset.drafter, args.drafter, args.checkpoints_dir)
     plan = plan_parallelism(preset.name, read_target_arch(target.path), DrafterConfig.from_file(drafter.path /
                             "config.json"), preset.tp, preset.ep, preset.gpu, preset.kv_dtype, preset.memory_fraction,
                             preset.dtype, preset.quant, args.seq_len or preset.max_seq_len)
     print(format_plan(plan))
     return 0
+
+
+def _config_source(role, spec, override, checkpoints_dir):
+    """The checkpoint whose config.json to read: local first, then the config shipped with the preset."""
+    from ..engine.presets import SHIPPED_CONFIGS
+    from ..engine.resolve import resolve_checkpoint
+    from ..errors import DFlashError
+
+    try:
+        return resolve_checkpoint(role, spec, override, checkpoints_dir, require_weights=False)
+    except DFlashError:
+        if override is not None or not (SHIPPED_CONFIGS / spec.id / "config.json").is_file():
+            raise
+    print(f"note: {role} {spec.id} not found locally; planning from its published config.json "
+          f"(build/presets/configs/{spec.id})")
+    return resolve_checkpoint(role, spec, None, SHIPPED_CONFIGS, require_weights=False)

@@ -16,6 +16,9 @@ from ..errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = REPO_ROOT / "build" / "presets"
+# The published config.json of every preset's target and drafter (<org>/<name>/config.json): public facts,
+# enough to plan a layout before downloading any weights.
+SHIPPED_CONFIGS = PRESET_DIR / "configs"
 DEFAULT_PRESET = "smollm2-135m"
 
 RUNTIMES = ("torch", "onnx", "tensorrt", "trtllm")

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+from dflash_trt.engine.presets import SHIPPED_CONFIGS
+
+FIXTURES = SHIPPED_CONFIGS
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
 from dflash_trt.engine.manifest import EngineError
 from dflash_trt.engine.needs import StepUnavailable, has_cuda
-from dflash_trt.engine.presets import RUNTIMES, load_preset
+from dflash_trt.engine.presets import RUNTIMES, SHIPPED_CONFIGS, load_preset
 from dflash_trt.errors import CompatibilityError, ConfigError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+FIXTURES = SHIPPED_CONFIGS
 PRESETS = ["gpt-oss-120b", "gpt-oss-20b", "qwen3-8b", "llama-3.1-8b-instruct", "smollm2-135m"]
 
 

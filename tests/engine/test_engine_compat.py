@@ -11,10 +11,10 @@ import pytest
 from dflash_trt.config import DrafterConfig
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.compat import check_compatible, check_pair
-from dflash_trt.engine.presets import load_preset
+from dflash_trt.engine.presets import SHIPPED_CONFIGS, load_preset
 from dflash_trt.errors import CompatibilityError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+FIXTURES = SHIPPED_CONFIGS
 PAIRS = ["gpt-oss-120b", "gpt-oss-20b", "qwen3-8b", "llama-3.1-8b-instruct"]
 
 

@@ -10,7 +10,7 @@ import torch
 from dflash_trt.decoding import generate
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
-from dflash_trt.engine.presets import REPO_ROOT, load_preset
+from dflash_trt.engine.presets import REPO_ROOT, SHIPPED_CONFIGS, load_preset
 from dflash_trt.sampling import SamplingParams
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
@@ -47,7 +47,7 @@ def engine_dir(tmp_path_factory):
 def smollm2_config():
     from pathlib import Path
 
-    path = Path(__file__).parent / "fixtures/checkpoints/HuggingFaceTB/SmolLM2-135M-Instruct/config.json"
+    path = SHIPPED_CONFIGS / "HuggingFaceTB/SmolLM2-135M-Instruct/config.json"
     return json.loads(path.read_text())
 
 

@@ -11,8 +11,9 @@ import pytest
 from dflash_trt.config import DrafterConfig
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.planner import GPUS, RUNTIME_RESERVE_BYTES, PlanError, format_plan, plan_parallelism
+from dflash_trt.engine.presets import SHIPPED_CONFIGS
 
-FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+FIXTURES = SHIPPED_CONFIGS
 
 
 def arch(model_id: str) -> TargetArch:
@@ -132,3 +133,15 @@ def test_fp8_weights_halve_the_dense_mlp_of_a_bf16_target():
 def test_every_gpu_has_a_capacity_and_a_source_note():
     assert set(GPUS) == {"h200", "b200", "b300"}
     assert all(spec.memory_bytes > 100 * 2**30 and spec.note for spec in GPUS.values())
+
+
+def test_plan_command_works_before_any_download(tmp_path, monkeypatch, capsys):
+    from dflash_trt.cli import main
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: nothing downloaded
+    assert main(["plan", "--model", "gpt-oss-120b", "--tp", "8", "--gpu", "b200"]) == 0
+    out = capsys.readouterr().out
+    assert "planning from its published config.json" in out
+    assert "8,179,883,712" in out  # target weights per GPU, as counted by hand above
+    assert main(["plan", "--model", "gpt-oss-120b", "--tp", "7"]) == 2
+    assert "TP=7 does not divide the 64 attention heads" in capsys.readouterr().err

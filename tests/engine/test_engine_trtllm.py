@@ -17,10 +17,10 @@ from dflash_trt.engine.artifacts.trtllm_schema import SCHEMA, TRTLLM_SOURCE, TRT
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
 from dflash_trt.engine.needs import StepUnavailable
-from dflash_trt.engine.presets import load_preset
+from dflash_trt.engine.presets import SHIPPED_CONFIGS, load_preset
 from dflash_trt.errors import ConfigError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+FIXTURES = SHIPPED_CONFIGS
 
 
 def options_for(name: str, **overrides):
