@@ -7,7 +7,6 @@ simply runs again with the same arguments.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,15 +96,12 @@ def train_on_cache(tc: TrainConfig, samples: list[dict], model, tok) -> dict:
 
 
 def export(tc: TrainConfig, cfg: PipelineConfig, model, tok) -> dict:
-    """Copy the trained drafter to cfg.out and record held-out tau next to it."""
-    from dflash_trt.drafter import load_drafter
+    """Write the trained drafter to cfg.out (bf16 storage) and record its held-out tau next to the run."""
+    import torch
 
-    src = Path(tc.out) / "drafter"
-    dst = Path(cfg.out)
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(src / name, dst / name)
-    drafter = load_drafter(dst)
-    result = make_evaluator(tc, model, tok, cfg.eval_prompts_per_family)(drafter)
+    from dflash_trt.drafter import load_drafter, save_drafter
+
+    save_drafter(load_drafter(Path(tc.out) / "drafter"), cfg.out, dtype=torch.bfloat16)
+    result = make_evaluator(tc, model, tok, cfg.eval_prompts_per_family)(load_drafter(cfg.out))
     (Path(tc.out) / "export_eval.json").write_text(json.dumps(result, indent=2))
     return {"heldout": result}

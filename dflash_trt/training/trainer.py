@@ -33,8 +33,8 @@ class TrainConfig:
     mask_token_id: int = 4
     intermediate_size: int = 1536
     gamma: float = 4.0
-    lr: float = 6e-4
-    warmup_steps: int = 50
+    lr: float = 1e-3
+    warmup_steps: int = 30
     weight_decay: float = 0.01
     batch_size: int = 4
     blocks_per_seq: int = 32
@@ -42,19 +42,22 @@ class TrainConfig:
     # thousand rows of the 49k-row head), which makes CPU training several times cheaper; "full":
     # the whole vocabulary. Inference always uses the full head.
     train_vocab: str = "data"
+    # With train_vocab "data": this many other head rows, drawn at random every step, join the
+    # softmax, so tokens absent from the data are pushed down too (the full head runs at inference).
+    negatives: int = 4096
     # Divide each feature dimension by its RMS over the data while training (folded back into
     # fc.weight on export, so the checkpoint is unchanged in form). Llama-style targets carry a few
     # "massive activation" dimensions (RMS ~2000 vs ~5 for the rest) that otherwise drown the fc input.
     feature_scale: bool = True
-    max_steps: int = 2000
-    max_minutes: float = 60.0
-    eval_every: int = 200
-    eval_prompts_per_family: int = 2
-    eval_max_new_tokens: int = 64
-    save_every: int = 100
+    max_steps: int = 4000
+    max_minutes: float = 55.0
+    eval_every: int = 400
+    eval_prompts_per_family: int = 1
+    eval_max_new_tokens: int = 48
+    save_every: int = 50
     # Re-read the feature cache every this many steps (0: never), so training can start while
     # answers are still being generated.
-    refresh_every: int = 0
+    refresh_every: int = 100
     seed: int = 0
     threads: int = 1
     stop_token_ids: tuple[int, ...] = field(default_factory=lambda: (2,))
@@ -139,6 +142,7 @@ class Trainer:
         self.samples = samples
         self.by_idx = {s["idx"]: s for s in samples}
         self.head, self.vocab_map = training_head(self.full_head, samples, self.cfg.train_vocab)
+        self.complement = None if self.vocab_map is None else torch.nonzero(self.vocab_map < 0).flatten()
 
     def _resume(self) -> None:
         path = self.out / STATE_NAME
@@ -193,7 +197,11 @@ class Trainer:
             batch["labels"] = self.vocab_map[batch["labels"]]
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, self.cfg, self.elapsed)
-        loss, stats = block_loss(self.drafter, self.embed, self.head, batch)
+        head = self.head
+        if self.complement is not None and self.cfg.negatives > 0:
+            pick = torch.randperm(len(self.complement), generator=self.generator)[:self.cfg.negatives]
+            head = torch.cat((self.head, self.full_head[self.complement[pick]]))
+        loss, stats = block_loss(self.drafter, self.embed, head, batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0))
