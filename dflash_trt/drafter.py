@@ -15,6 +15,7 @@ from torch import nn
 from .attention import draft_attention
 from .checkpoint import check_tensors, load_state_dict, save_state_dict
 from .config import CONFIG_NAME, DrafterConfig
+from .cpu_linear import pack_linear_layers
 from .errors import ConfigError
 from .rope import RotaryEmbedding
 
@@ -215,7 +216,9 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32,
     check_tensors(tensors, expected_shapes(config), source)
     drafter = DFlashDrafter(config)
     drafter.load_state_dict(tensors, strict=True)
-    return drafter.to(device=device, dtype=dtype).eval()
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    pack_linear_layers(drafter)  # CPU float32 inference: see cpu_linear.py
+    return drafter
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
+from .cpu_linear import pack_linear_layers
 from .errors import CompatibilityError, ConfigError
 
 
@@ -149,6 +150,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
             raise ConfigError(f"{path}: not a model directory (no config.json)")
         directory = path
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
+    pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
     except (OSError, ValueError):

@@ -45,4 +45,7 @@ def load_hf_target(target: str):
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs).eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    from dflash_trt.cpu_linear import pack_linear_layers
+
+    pack_linear_layers(model)  # faster answer generation and feature passes on CPU (cpu_linear.py)
     return model, tok

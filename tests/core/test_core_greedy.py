@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from core_oracle import OracleDrafter
+from dflash_trt.cpu_linear import pack_linear_layers
 from dflash_trt.decoding import generate
 from dflash_trt.sampling import SamplingParams
 from dflash_trt.target import TargetModel
@@ -20,9 +21,11 @@ def _reference(model, prompt, max_new_tokens):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gpt_oss"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gpt_oss", "llama-packed"])
 def setup(request):
-    model = make_tiny_target(request.param, seed=1)
+    model = make_tiny_target(request.param.removesuffix("-packed"), seed=1)
+    if request.param.endswith("-packed"):  # what load_target does on CPU (cpu_linear.py)
+        assert pack_linear_layers(model) > 0
     generator = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 250, (int(n),), generator=generator).tolist()
                for n in torch.randint(1, 24, (NUM_PROMPTS,), generator=generator)]
