@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (cosine schedule ends there)")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--init-from", metavar="DIR",
+                        help="warm start from this published drafter (fresh optimiser and schedule)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
     parser.set_defaults(func=run)
 
@@ -41,7 +44,9 @@ def run(args) -> int:
     train = TrainConfig(data=f"{args.work}/data", out=f"{args.work}/train", prompts=args.prompts,
                         target=args.target or preset["target"], max_steps=args.max_steps,
                         max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
-                        threads=args.threads)
+                        threads=args.threads, init_from=args.init_from)
+    if args.lr is not None:
+        train.lr = args.lr
     cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages,
                          max_prompts=args.max_prompts or preset["max_prompts"],
                          max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])

@@ -60,6 +60,9 @@ class TrainConfig:
     refresh_every: int = 100
     seed: int = 0
     threads: int = 1
+    # Warm start: a published drafter directory whose weights the run starts from (with a fresh
+    # optimiser and schedule). Ignored once the run has a state of its own to resume.
+    init_from: str | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=lambda: (2,))
 
 
@@ -135,6 +138,8 @@ class Trainer:
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.elapsed = 0.0
+        if cfg.init_from and not (self.out / STATE_NAME).exists():
+            self._warm_start(cfg.init_from)
         self._resume()
 
     def set_samples(self, samples: list[dict]) -> None:
@@ -143,6 +148,23 @@ class Trainer:
         self.by_idx = {s["idx"]: s for s in samples}
         self.head, self.vocab_map = training_head(self.full_head, samples, self.cfg.train_vocab)
         self.complement = None if self.vocab_map is None else torch.nonzero(self.vocab_map < 0).flatten()
+
+    def _warm_start(self, path: str) -> None:
+        """Start from a published drafter (the inverse of `published_drafter`)."""
+        from dflash_trt.drafter import load_drafter
+        from dflash_trt.errors import ConfigError
+
+        source = load_drafter(path)
+        mine, theirs = self.drafter.config, source.config
+        for name in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "block_size", "target_layer_ids", "mask_token_id"):
+            if getattr(mine, name) != getattr(theirs, name):
+                raise ConfigError(f"{path}: cannot warm-start from it: {name} {getattr(theirs, name)} "
+                                  f"!= {getattr(mine, name)} of this run")
+        self.drafter.load_state_dict(source.state_dict())
+        if self.scale is not None:  # published fc reads raw features; training reads features / scale
+            with torch.no_grad():
+                self.drafter.fc.weight.mul_(self.scale[None, :])
 
     def _resume(self) -> None:
         path = self.out / STATE_NAME

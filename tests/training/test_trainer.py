@@ -75,3 +75,23 @@ def test_published_drafter_on_raw_features_equals_training_on_scaled_features(tm
         want = drafter_block_states(trainer.drafter, embed, scaled)
         got = drafter_block_states(load_drafter(tmp_path / "run" / "drafter"), embed, batch)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_warm_start_continues_from_a_published_drafter(tmp_path):
+    import pytest
+
+    from dflash_trt.errors import ConfigError
+
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    first = _trainer(tmp_path / "a", model, samples, max_steps=3)
+    first.run()
+    published = tmp_path / "a" / "run" / "drafter"
+    warm = _trainer(tmp_path / "b", model, samples, init_from=str(published))
+    assert warm.step == 0  # fresh optimiser and schedule
+    # Feature scaling is undone and redone around the published fc: the same drafter comes back out.
+    for name, tensor in load_drafter(published).state_dict().items():
+        torch.testing.assert_close(warm.published_drafter().state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+    assert warm.train_step()["loss"] < _trainer(tmp_path / "c", model, samples).train_step()["loss"]
+    with pytest.raises(ConfigError, match="block_size 4 != 8"):
+        _trainer(tmp_path / "d", model, samples, init_from=str(published), block_size=8)
