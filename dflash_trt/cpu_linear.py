@@ -96,3 +96,27 @@ def pack_linear_layers(module: nn.Module) -> int:
         else:
             count += pack_linear_layers(child)
     return count
+
+
+def bf16_packing_available() -> bool:
+    """True where oneDNN computes bf16 natively on this CPU (AVX512-BF16 or AMX)."""
+    return packing_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class BF16Head(nn.Module):
+    """A bf16, packed copy of an output head, for drafting only.
+
+    Drafted tokens need no exactness: the target verifies every one of them, so a draft computed in
+    bf16 can only change how many are accepted, never the output. For SmolLM2-135M the head is a
+    49152 x 576 matrix; read in bf16 it costs ~5 ms per draft on one core instead of ~13 ms.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), ROWS_HINT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, None, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)

@@ -157,7 +157,7 @@ class DFlashDrafter(nn.Module):
         This is the interface the decoding loop uses; other runtimes (onnx, tensorrt) provide the same.
         """
         hidden = self(target.embed(block), features, ctx_lens, cache)
-        return torch.argmax(target.lm_head(hidden[:, 1:]).float(), dim=-1)
+        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)
 
     # The reference project's Python API (AutoModel-style loading, spec_generate); see hf_api.py.
     @classmethod

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .cpu_linear import pack_linear_layers
+from .cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
 from .errors import CompatibilityError, ConfigError
 
 
@@ -34,6 +34,7 @@ class TargetModel:
         self.source = source
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.layers = _decoder_layers(model, source)
+        self._draft_head: nn.Module | None = None
 
     @property
     def num_layers(self) -> int:
@@ -60,6 +61,22 @@ class TargetModel:
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output-head logits of drafter states: the target's head, or its bf16 copy (use_bf16_draft_head)."""
+        return self.lm_head(hidden) if self._draft_head is None else self._draft_head(hidden)
+
+    def use_bf16_draft_head(self) -> bool:
+        """Draft through a bf16 copy of the output head where the CPU computes bf16 natively.
+
+        Lossless: drafts are only proposals that the (unchanged) target verifies. Returns whether it applies.
+        """
+        head = self.model.get_output_embeddings()
+        if (head is None or getattr(head, "bias", None) is not None or head.weight.device.type != "cpu"
+                or head.weight.dtype != torch.float32 or not bf16_packing_available()):
+            return False
+        self._draft_head = BF16Head(head.weight)
+        return True
 
     def new_cache(self):
         # A plain DynamicCache keeps every position in every layer (also sliding-window ones), so it can be
@@ -135,8 +152,12 @@ def _decoder_layers(model: nn.Module, source: str) -> nn.ModuleList:
 
 
 def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> TargetModel:
-    """Load a Hugging Face causal LM from a model directory or a .gguf file (dequantized to `dtype`)."""
+                device: torch.device | str = "cpu", pack: bool = True) -> TargetModel:
+    """Load a Hugging Face causal LM from a model directory or a .gguf file (dequantized to `dtype`).
+
+    pack: CPU float32 linear layers are packed for oneDNN (cpu_linear.py). Pass False when the model is
+    about to be transformed module by module (ModelOpt quantization replaces nn.Linear by exact type).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -150,9 +171,12 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
             raise ConfigError(f"{path}: not a model directory (no config.json)")
         directory = path
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
-    pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
+    if pack:
+        pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
+    target = TargetModel(model, tokenizer=None, source=str(path))
+    target.use_bf16_draft_head()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
+        target.tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
     except (OSError, ValueError):
-        tokenizer = None  # token ids in, token ids out
-    return TargetModel(model, tokenizer, source=str(path))
+        pass  # no tokenizer: token ids in, token ids out
+    return target

@@ -75,8 +75,9 @@ def _load_models(engine: Engine, device: str) -> None:
     dtype = getattr(torch, engine.manifest["dtype"])
     if engine.manifest.get("quant") == "nvfp4" and not str(device).startswith("cuda"):
         raise EngineError(f"{engine.directory}: an nvfp4 engine runs on a CUDA device; load it with device='cuda'")
-    engine.target = load_target(engine.target_path, dtype=dtype, device=device)
     state = engine.manifest.get("artifacts", {}).get("quantization")
+    # A quantized target keeps plain nn.Linear modules: ModelOpt converts them by exact type.
+    engine.target = load_target(engine.target_path, dtype=dtype, device=device, pack=not state)
     if state:
         from .quantize import restore_quantization
 

@@ -113,7 +113,7 @@ def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, l
 
     # NVFP4 scales are computed by CUDA kernels; FP8 calibrates anywhere.
     device = "cuda" if quant == "nvfp4" else "cpu"
-    target = load_target(target_dir, dtype=getattr(torch, dtype), device=device)
+    target = load_target(target_dir, dtype=getattr(torch, dtype), device=device, pack=False)  # ModelOpt: exact nn.Linear
     if target.tokenizer is None:
         raise ConfigError(f"{target_dir}: calibration needs the target's tokenizer, and none was found")
     config = copy.deepcopy({"fp8": mtq.FP8_DEFAULT_CFG, "nvfp4": mtq.NVFP4_DEFAULT_CFG}[quant])

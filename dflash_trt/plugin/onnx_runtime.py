@@ -85,7 +85,7 @@ class OnnxDrafter:
                 cache: OnnxDraftCache) -> torch.Tensor:
         """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
         hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
-        return torch.argmax(target.lm_head(hidden[:, 1:]).float(), dim=-1)
+        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)
 
 
 def _custom_op(onnx_path: str | Path, provider: str) -> tuple[str, str | bytes]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_trt.cpu_linear import PackedLinear, pack_linear_layers, packing_available
+from dflash_trt.cpu_linear import BF16Head, PackedLinear, bf16_packing_available, pack_linear_layers, packing_available
 from dflash_trt.testing import make_tiny_target
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN packing")
@@ -79,3 +79,22 @@ def test_pack_linear_layers_replaces_every_linear_and_keeps_outputs():
     assert pack_linear_layers(model) == 0  # idempotent
     with torch.inference_mode():
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not bf16_packing_available(), reason="no native bf16 on this CPU")
+def test_bf16_draft_head_picks_the_same_tokens_almost_always():
+    torch.manual_seed(0)
+    weight = torch.randn(4096, 96)
+    hidden = torch.randn(64, 96)
+    exact = (hidden @ weight.T).argmax(-1)
+    drafted = BF16Head(weight)(hidden[None]).float().argmax(-1)[0]
+    assert drafted.dtype == torch.long and (drafted == exact).float().mean() > 0.9
+
+
+def test_bf16_draft_head_only_where_it_applies():
+    from dflash_trt.target import TargetModel
+
+    target = TargetModel(make_tiny_target("llama").to(torch.bfloat16))
+    assert target.use_bf16_draft_head() is False  # already low precision: nothing to gain
+    hidden = torch.randn(1, 3, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(target.draft_logits(hidden), target.lm_head(hidden))

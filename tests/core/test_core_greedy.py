@@ -45,6 +45,8 @@ def _drafters(model, prompts, references, block_size):
 def test_greedy_batch_equals_target_only_decoding(setup, block_size):
     arch, model, prompts, references = setup
     target = TargetModel(model)
+    if arch.endswith("-packed"):
+        target.use_bf16_draft_head()  # as load_target does where the CPU has bf16: drafts change, output must not
     for name, drafter in _drafters(model, prompts, references, block_size).items():
         results = generate(target, drafter, prompts, SamplingParams(max_new_tokens=MAX_NEW_TOKENS), block_size)
         for index, (result, reference) in enumerate(zip(results, references)):
