@@ -4,7 +4,9 @@ AIPerf (PyPI `aiperf`, pinned in pyproject's `aiperf` extra) gets its own venv (
 brings pandas, pyarrow, dash and uvloop/httptools, and the last two would change how uvicorn serves
 the gateway in the project's venv. It runs offline: the engine's tokenizer is laid out as a local
 Hugging Face cache entry, which AIPerf resolves without the network. tau comes from the dflash
-model's Prometheus counters, read before and after each AIPerf run.
+model's Prometheus counters, read before and after each AIPerf run. The same sweep then runs against
+the engine served with block size 1 (plain decoding), so DFlash is compared with its baseline under
+the same load (--no-plain skips it).
 
     python -m dflash_trt.gateway.aiperf_bench --engine engines/smollm2-135m --out out/aiperf
 """
@@ -43,6 +45,8 @@ class AiperfConfig:
     # AIPerf's timing loop polls a core; on a small CPU host it would starve the server it measures.
     # It runs at this niceness (0: as the server), with one worker and no GPU/server-metrics scrapers.
     nice: int = 10
+    compare_plain: bool = True  # also serve with block size 1 (plain decoding) under the same load
+    num_threads: int = 0  # torch threads per dflash instance (0: torch's choice)
     ready_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -121,20 +125,36 @@ def _stop_group(process: subprocess.Popen) -> None:
 
 
 def run(config: AiperfConfig) -> dict:
-    """Serve the engine (Triton + gateway), run AIPerf at each concurrency; returns and writes the summary."""
+    """Serve the engine (Triton + gateway) with DFlash, then with plain decoding (block size 1), and run
+    AIPerf at each concurrency against each; returns and writes the summary."""
+    out = Path(config.out).resolve()
+    executable = ensure_aiperf(Path(config.venv))
+    tokenizer_cache(config.engine, out / "hf-cache")
+    modes = {"dflash": 0, "plain": 1} if config.compare_plain else {"dflash": 0}
+    results, model = {}, ""
+    for mode, block_size in modes.items():
+        model, results[mode] = _run_mode(config, executable, out / mode, out / "hf-cache", block_size)
+    summary = {"engine": str(config.engine), "model": model, "config": _jsonable(asdict(config)),
+               "aiperf": aiperf_requirement(), "modes": results}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(format_table(results))
+    return summary
+
+
+def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path, block_size: int
+              ) -> tuple[str, dict]:
+    """One served repository (block_size 0: the engine's, 1: plain decoding) under AIPerf at each level."""
     from dflash_trt.gateway.companion import gateway_beside
     from dflash_trt.serving.repo import RepoConfig, render_repository
     from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
 
-    out = Path(config.out).resolve()
-    executable = ensure_aiperf(Path(config.venv))
-    tokenizer_cache(config.engine, out / "hf-cache")
-    repo = render_repository(RepoConfig(engine_dir=config.engine, out=out / "repo",
+    repo = render_repository(RepoConfig(engine_dir=config.engine, out=out / "repo", block_size=block_size,
+                                        num_threads=config.num_threads,
                                         max_queue_size=max(64, 4 * max(config.concurrency))))
     http, grpc, metrics, port = free_ports(4)
     server_config = ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                  ready_timeout_s=config.ready_timeout_s, log_path=out / "triton.log")
-    env = {**os.environ, "HF_HOME": str(out / "hf-cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HOME": str(hf_cache), "HF_HUB_OFFLINE": "1"}
     levels = {}
     with TritonServer(server_config) as server, gateway_beside(port, grpc, "127.0.0.1", config.ready_timeout_s):
         url = f"http://127.0.0.1:{port}"
@@ -143,15 +163,11 @@ def run(config: AiperfConfig) -> dict:
             before = _counters(server.config.metrics_url)
             level_out = out / f"concurrency-{concurrency}"
             command = aiperf_command(executable, config, url, model, concurrency, level_out)
-            print(f"aiperf at concurrency {concurrency} ...", flush=True)
+            print(f"aiperf, {out.name}, concurrency {concurrency} ...", flush=True)
             run_aiperf(command, env, out / f"aiperf-{concurrency}.log", config.nice)
             levels[str(concurrency)] = level_summary(level_out / "profile_export_aiperf.json", before,
                                                      _counters(server.config.metrics_url))
-    summary = {"engine": str(config.engine), "model": model, "config": _jsonable(asdict(config)),
-               "aiperf": aiperf_requirement(), "levels": levels}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(format_table(levels))
-    return summary
+    return model, levels
 
 
 def level_summary(export: Path, before: dict[str, float], after: dict[str, float]) -> dict:
@@ -171,12 +187,21 @@ def level_summary(export: Path, before: dict[str, float], after: dict[str, float
     }
 
 
-def format_table(levels: dict[str, dict]) -> str:
-    lines = ["| concurrency | requests | output tok/s | TTFT p50 (ms) | ITL p50 (ms) | latency p50 (ms) | tau |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    for level, s in levels.items():
-        lines.append(f"| {level} | {s['num_requests']} | {s['output_tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | "
-                     f"{s['itl_p50_ms']:.1f} | {s['latency_p50_ms']:.0f} | {s['tau']:.2f} |")
+def format_table(modes: dict[str, dict[str, dict]]) -> str:
+    """Markdown table: one row per mode and concurrency, then DFlash / plain output tokens/s per level."""
+    lines = ["| mode | concurrency | requests | output tok/s | TTFT p50 (ms) | ITL p50 (ms) | latency p50 (ms) | tau |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode, levels in modes.items():
+        for level, s in levels.items():
+            lines.append(f"| {mode} | {level} | {s['num_requests']} | {s['output_tokens_per_s']:.1f} | "
+                         f"{s['ttft_p50_ms']:.0f} | {s['itl_p50_ms']:.1f} | {s['latency_p50_ms']:.0f} | "
+                         f"{s['tau']:.2f} |")
+    if "plain" in modes and "dflash" in modes:
+        ratios = [f"{level}: {s['output_tokens_per_s'] / modes['plain'][level]['output_tokens_per_s']:.2f}x"
+                  for level, s in modes["dflash"].items()
+                  if modes["plain"].get(level, {}).get("output_tokens_per_s")]
+        lines.append("")
+        lines.append("output tokens/s, DFlash / plain, by concurrency: " + ", ".join(ratios))
     return "\n".join(lines)
 
 
@@ -227,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=defaults.output_tokens)
     parser.add_argument("--nice", type=int, default=defaults.nice,
                         help="niceness of AIPerf's processes (default 10: the server under test comes first)")
+    parser.add_argument("--no-plain", dest="compare_plain", action="store_false",
+                        help="skip the plain-decoding (block size 1) run that DFlash is compared with")
+    parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
+                        help="torch threads per dflash instance (default 0: torch's choice)")
     parser.add_argument("--venv", type=Path, default=defaults.venv, help="AIPerf's own venv (default: .venv-aiperf)")
     args, extra = parser.parse_known_args(argv)
     if not (args.engine / "manifest.json").is_file():
@@ -235,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AiperfConfig(engine=args.engine, out=args.out, concurrency=args.concurrency,
                           request_count=args.request_count, input_tokens=args.input_tokens,
                           output_tokens=args.output_tokens, venv=args.venv, nice=args.nice,
+                          compare_plain=args.compare_plain, num_threads=args.num_threads,
                           extra_args=tuple(extra))
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so Triton, the gateway and AIPerf are stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)

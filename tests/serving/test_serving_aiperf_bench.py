@@ -54,4 +54,53 @@ def test_a_run_summary_takes_aiperfs_figures_and_tau_from_the_counters(tmp_path)
     summary = level_summary(export, before, after)
     assert summary == {"num_requests": 8, "num_errors": 0, "output_tokens_per_s": 42.5, "requests_per_s": 1.25,
                        "ttft_p50_ms": 80.0, "itl_p50_ms": 12.5, "latency_p50_ms": 900.0, "tau": 3.5}
-    assert format_table({"4": summary}).splitlines()[-1] == "| 4 | 8 | 42.5 | 80 | 12.5 | 900 | 3.50 |"
+    table = format_table({"dflash": {"4": summary}}).splitlines()
+    assert table[-1] == "| dflash | 4 | 8 | 42.5 | 80 | 12.5 | 900 | 3.50 |"
+    plain = {**summary, "output_tokens_per_s": 17.0, "tau": 1.0}
+    table = format_table({"dflash": {"4": summary}, "plain": {"4": plain}}).splitlines()
+    assert table[-3] == "| plain | 4 | 8 | 17.0 | 80 | 12.5 | 900 | 1.00 |"
+    assert table[-1] == "output tokens/s, DFlash / plain, by concurrency: 4: 2.50x"
+
+
+def test_aiperf_runs_in_its_own_process_group_and_is_stopped_with_it(tmp_path):
+    """An interrupted benchmark must not leave AIPerf's services behind (they poll a core each)."""
+    import sys
+    import time
+
+    import pytest
+
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.gateway import aiperf_bench
+
+    # A stand-in "aiperf" that starts a grandchild and then fails: both must be gone afterwards.
+    script = tmp_path / "fake_aiperf.py"
+    pid_file = tmp_path / "grandchild.pid"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(0.5)\n"
+        "sys.exit(3)\n")
+    with pytest.raises(DFlashError, match="status 3"):
+        aiperf_bench.run_aiperf([sys.executable, str(script)], {}, tmp_path / "aiperf.log", nice=5)
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os_kill(grandchild)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("AIPerf's child process outlived the benchmark")
+
+
+def os_kill(pid: int) -> None:
+    """Signal 0 to pid, reaping it first if it is a zombie of this process."""
+    import os
+
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    os.kill(pid, 0)
