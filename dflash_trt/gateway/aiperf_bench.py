@@ -45,6 +45,10 @@ class AiperfConfig:
     # AIPerf's timing loop polls a core; on a small CPU host it would starve the server it measures.
     # It runs at this niceness (0: as the server), with one worker and no GPU/server-metrics scrapers.
     nice: int = 10
+    # "heldout": the held-out prompts of data/prompts (the families the drafter is for, interleaved);
+    # "synthetic": AIPerf's own random prompts of exactly input_tokens tokens.
+    dataset: str = "heldout"
+    prompts_dir: Path = Path("data/prompts")
     compare_plain: bool = True  # also serve with block size 1 (plain decoding) under the same load
     num_threads: int = 0  # torch threads per dflash instance (0: torch's choice)
     ready_timeout_s: float = 600.0
@@ -87,12 +91,32 @@ def tokenizer_cache(engine: Path, hf_home: Path) -> str:
     return TOKENIZER_REPO
 
 
+def heldout_dataset(prompts_dir: Path, path: Path) -> Path:
+    """The held-out prompts as AIPerf's single_turn JSONL, families interleaved so any prefix mixes them."""
+    from dflash_trt.data.prompts import load_prompts
+
+    by_family: dict[str, list[str]] = {}
+    for family, prompt in load_prompts(prompts_dir, "heldout"):
+        by_family.setdefault(family, []).append(prompt)
+    if not by_family:
+        raise DFlashError(f"{prompts_dir}: no held-out prompts (<family>/heldout.jsonl)")
+    rounds = zip(*by_family.values())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": prompt}) + "\n" for group in rounds for prompt in group))
+    return path
+
+
 def aiperf_command(executable: Path, config: AiperfConfig, url: str, model: str, concurrency: int,
-                   out: Path) -> list[str]:
+                   out: Path, dataset: Path | None = None) -> list[str]:
+    """AIPerf's command line; `dataset` (a single_turn JSONL) replaces the synthetic prompts."""
+    if dataset is None:
+        prompts = ["--prompt-input-tokens-mean", str(config.input_tokens), "--prompt-input-tokens-stddev", "0"]
+    else:
+        prompts = ["--input-file", str(dataset), "--custom-dataset-type", "single_turn",
+                   "--dataset-sampling-strategy", "sequential"]
     return [str(executable), "profile", "-m", model, "--url", url, "--endpoint-type", "chat", "--streaming",
             "--tokenizer", TOKENIZER_REPO, "--concurrency", str(concurrency),
-            "--request-count", str(config.request_count), "--warmup-request-count", "1",
-            "--prompt-input-tokens-mean", str(config.input_tokens), "--prompt-input-tokens-stddev", "0",
+            "--request-count", str(config.request_count), "--warmup-request-count", "1", *prompts,
             "--output-tokens-mean", str(config.output_tokens), "--output-tokens-stddev", "0",
             "--extra-inputs", json.dumps({"temperature": 0}), "--use-server-token-count", "--ui-type", "none",
             "--random-seed", "0", "--output-artifact-dir", str(out), "--workers-max", "1",
@@ -130,10 +154,13 @@ def run(config: AiperfConfig) -> dict:
     out = Path(config.out).resolve()
     executable = ensure_aiperf(Path(config.venv))
     tokenizer_cache(config.engine, out / "hf-cache")
+    if config.dataset not in ("heldout", "synthetic"):
+        raise DFlashError(f"dataset must be 'heldout' or 'synthetic', got {config.dataset!r}")
+    dataset = heldout_dataset(config.prompts_dir, out / "heldout.jsonl") if config.dataset == "heldout" else None
     modes = {"dflash": 0, "plain": 1} if config.compare_plain else {"dflash": 0}
     results, model = {}, ""
     for mode, block_size in modes.items():
-        model, results[mode] = _run_mode(config, executable, out / mode, out / "hf-cache", block_size)
+        model, results[mode] = _run_mode(config, executable, out / mode, out / "hf-cache", block_size, dataset)
     summary = {"engine": str(config.engine), "model": model, "config": _jsonable(asdict(config)),
                "aiperf": aiperf_requirement(), "modes": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -141,8 +168,8 @@ def run(config: AiperfConfig) -> dict:
     return summary
 
 
-def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path, block_size: int
-              ) -> tuple[str, dict]:
+def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path, block_size: int,
+              dataset: Path | None) -> tuple[str, dict]:
     """One served repository (block_size 0: the engine's, 1: plain decoding) under AIPerf at each level."""
     from dflash_trt.gateway.companion import gateway_beside
     from dflash_trt.serving.repo import RepoConfig, render_repository
@@ -162,7 +189,7 @@ def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path,
         for concurrency in config.concurrency:
             before = _counters(server.config.metrics_url)
             level_out = out / f"concurrency-{concurrency}"
-            command = aiperf_command(executable, config, url, model, concurrency, level_out)
+            command = aiperf_command(executable, config, url, model, concurrency, level_out, dataset)
             print(f"aiperf, {out.name}, concurrency {concurrency} ...", flush=True)
             run_aiperf(command, env, out / f"aiperf-{concurrency}.log", config.nice)
             levels[str(concurrency)] = level_summary(level_out / "profile_export_aiperf.json", before,
@@ -252,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=defaults.output_tokens)
     parser.add_argument("--nice", type=int, default=defaults.nice,
                         help="niceness of AIPerf's processes (default 10: the server under test comes first)")
+    parser.add_argument("--dataset", choices=("heldout", "synthetic"), default=defaults.dataset,
+                        help="heldout (default): the held-out prompt sets; synthetic: AIPerf's random prompts "
+                             "of --input-tokens tokens")
+    parser.add_argument("--prompts-dir", type=Path, default=defaults.prompts_dir)
     parser.add_argument("--no-plain", dest="compare_plain", action="store_false",
                         help="skip the plain-decoding (block size 1) run that DFlash is compared with")
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
@@ -264,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AiperfConfig(engine=args.engine, out=args.out, concurrency=args.concurrency,
                           request_count=args.request_count, input_tokens=args.input_tokens,
                           output_tokens=args.output_tokens, venv=args.venv, nice=args.nice,
-                          compare_plain=args.compare_plain, num_threads=args.num_threads,
+                          compare_plain=args.compare_plain, dataset=args.dataset, prompts_dir=args.prompts_dir, num_threads=args.num_threads,
                           extra_args=tuple(extra))
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so Triton, the gateway and AIPerf are stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -104,3 +104,19 @@ def os_kill(pid: int) -> None:
     except ChildProcessError:
         pass
     os.kill(pid, 0)
+
+
+def test_heldout_prompts_become_an_interleaved_single_turn_dataset(tmp_path):
+    from dflash_trt.gateway.aiperf_bench import heldout_dataset
+
+    for family in ("code", "math"):
+        (tmp_path / "prompts" / family).mkdir(parents=True)
+        (tmp_path / "prompts" / family / "heldout.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"{family} {i}"}) + "\n" for i in range(2)))
+    path = heldout_dataset(tmp_path / "prompts", tmp_path / "out" / "heldout.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"text": "code 0"}, {"text": "math 0"}, {"text": "code 1"}, {"text": "math 1"}]
+    command = aiperf_command(Path("aiperf"), AiperfConfig(engine=Path("e")), "http://h:1", "m", 1, tmp_path, path)
+    pairs = dict(zip(command[2::1], command[3::1]))
+    assert pairs["--input-file"] == str(path) and pairs["--custom-dataset-type"] == "single_turn"
+    assert "--prompt-input-tokens-mean" not in command
