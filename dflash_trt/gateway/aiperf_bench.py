@@ -51,6 +51,7 @@ class AiperfConfig:
     prompts_dir: Path = Path("data/prompts")
     compare_plain: bool = True  # also serve with block size 1 (plain decoding) under the same load
     num_threads: int = 0  # torch threads per dflash instance (0: torch's choice)
+    instances: int = 2  # dflash model instances (concurrent generations), as `make bench` serves
     ready_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -176,7 +177,7 @@ def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path,
     from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
 
     repo = render_repository(RepoConfig(engine_dir=config.engine, out=out / "repo", block_size=block_size,
-                                        num_threads=config.num_threads,
+                                        num_threads=config.num_threads, dflash_instances=config.instances,
                                         max_queue_size=max(64, 4 * max(config.concurrency))))
     http, grpc, metrics, port = free_ports(4)
     server_config = ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
@@ -287,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the plain-decoding (block size 1) run that DFlash is compared with")
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
                         help="torch threads per dflash instance (default 0: torch's choice)")
+    parser.add_argument("--instances", type=int, default=defaults.instances,
+                        help="dflash model instances per served repository (default: %(default)s)")
     parser.add_argument("--venv", type=Path, default=defaults.venv, help="AIPerf's own venv (default: .venv-aiperf)")
     args, extra = parser.parse_known_args(argv)
     if not (args.engine / "manifest.json").is_file():
@@ -295,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     config = AiperfConfig(engine=args.engine, out=args.out, concurrency=args.concurrency,
                           request_count=args.request_count, input_tokens=args.input_tokens,
                           output_tokens=args.output_tokens, venv=args.venv, nice=args.nice,
-                          compare_plain=args.compare_plain, dataset=args.dataset, prompts_dir=args.prompts_dir, num_threads=args.num_threads,
-                          extra_args=tuple(extra))
+                          compare_plain=args.compare_plain, dataset=args.dataset, prompts_dir=args.prompts_dir,
+                          num_threads=args.num_threads, instances=args.instances, extra_args=tuple(extra))
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so Triton, the gateway and AIPerf are stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
