@@ -40,17 +40,14 @@ def _render(config: BenchConfig, out: Path, block_size: int) -> Path:
 
 def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:
     from ..serving.client import GrpcStream
-    from ..serving.server import ServerConfig, TritonServer, free_ports
+    from ..serving.server import serve_on_free_ports
 
-    http, grpc, metrics = free_ports(3)
     log_path = Path(config.out) / "logs" / f"triton-{mode}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
-    server_config = ServerConfig(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                 ready_timeout_s=config.ready_timeout_s, log_path=log_path)
     log(f"serving {mode}: starting tritonserver (log: {log_path})")
     levels = {}
-    with TritonServer(server_config) as server:
+    with serve_on_free_ports(repo, ready_timeout_s=config.ready_timeout_s, log_path=log_path) as server:
         def open_stream():
             return GrpcStream(server.config.grpc_url)
 

@@ -152,11 +152,11 @@ def _stop_group(process: subprocess.Popen) -> None:
 def run(config: AiperfConfig) -> dict:
     """Serve the engine (Triton + gateway) with DFlash, then with plain decoding (block size 1), and run
     AIPerf at each concurrency against each; returns and writes the summary."""
+    if config.dataset not in ("heldout", "synthetic"):
+        raise DFlashError(f"dataset must be 'heldout' or 'synthetic', got {config.dataset!r}")
     out = Path(config.out).resolve()
     executable = ensure_aiperf(Path(config.venv))
     tokenizer_cache(config.engine, out / "hf-cache")
-    if config.dataset not in ("heldout", "synthetic"):
-        raise DFlashError(f"dataset must be 'heldout' or 'synthetic', got {config.dataset!r}")
     dataset = heldout_dataset(config.prompts_dir, out / "heldout.jsonl") if config.dataset == "heldout" else None
     modes = {"dflash": 0, "plain": 1} if config.compare_plain else {"dflash": 0}
     results, model = {}, ""
@@ -174,27 +174,26 @@ def _run_mode(config: AiperfConfig, executable: Path, out: Path, hf_cache: Path,
     """One served repository (block_size 0: the engine's, 1: plain decoding) under AIPerf at each level."""
     from dflash_trt.gateway.companion import gateway_beside
     from dflash_trt.serving.repo import RepoConfig, render_repository
-    from dflash_trt.serving.server import ServerConfig, TritonServer, free_ports
+    from dflash_trt.serving.server import free_ports, serve_on_free_ports
 
     repo = render_repository(RepoConfig(engine_dir=config.engine, out=out / "repo", block_size=block_size,
                                         num_threads=config.num_threads, dflash_instances=config.instances,
                                         max_queue_size=max(64, 4 * max(config.concurrency))))
-    http, grpc, metrics, port = free_ports(4)
-    server_config = ServerConfig(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                 ready_timeout_s=config.ready_timeout_s, log_path=out / "triton.log")
     env = {**os.environ, "HF_HOME": str(hf_cache), "HF_HUB_OFFLINE": "1"}
     levels = {}
-    with TritonServer(server_config) as server, gateway_beside(port, grpc, "127.0.0.1", config.ready_timeout_s):
-        url = f"http://127.0.0.1:{port}"
-        model = _wait_for_gateway(url, config.ready_timeout_s)
-        for concurrency in config.concurrency:
-            before = _counters(server.config.metrics_url)
-            level_out = out / f"concurrency-{concurrency}"
-            command = aiperf_command(executable, config, url, model, concurrency, level_out, dataset)
-            print(f"aiperf, {out.name}, concurrency {concurrency} ...", flush=True)
-            run_aiperf(command, env, out / f"aiperf-{concurrency}.log", config.nice)
-            levels[str(concurrency)] = level_summary(level_out / "profile_export_aiperf.json", before,
-                                                     _counters(server.config.metrics_url))
+    with serve_on_free_ports(repo, ready_timeout_s=config.ready_timeout_s, log_path=out / "triton.log") as server:
+        [port] = free_ports(1)  # the gateway's
+        with gateway_beside(port, server.config.grpc_port, "127.0.0.1", config.ready_timeout_s):
+            url = f"http://127.0.0.1:{port}"
+            model = _wait_for_gateway(url, config.ready_timeout_s)
+            for concurrency in config.concurrency:
+                before = _counters(server.config.metrics_url)
+                level_out = out / f"concurrency-{concurrency}"
+                command = aiperf_command(executable, config, url, model, concurrency, level_out, dataset)
+                print(f"aiperf, {out.name}, concurrency {concurrency} ...", flush=True)
+                run_aiperf(command, env, out / f"aiperf-{concurrency}.log", config.nice)
+                levels[str(concurrency)] = level_summary(level_out / "profile_export_aiperf.json", before,
+                                                         _counters(server.config.metrics_url))
     return model, levels
 
 
