@@ -72,10 +72,7 @@ class PackedLinear(nn.Linear):
                   and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
         if not usable:
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features)
-        bias = None if self.bias is None else self.bias.detach()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return _packed_linear(x, self._packed, None if self.bias is None else self.bias.detach(), self.out_features)
 
 
 def pack_linear_layers(module: nn.Module) -> int:
@@ -113,10 +110,14 @@ class BF16Head(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.out_features = weight.shape[0]
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), ROWS_HINT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, None, "none", [], "")
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return _packed_linear(x.to(torch.bfloat16), self._packed, None, self.out_features)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., in] @ a weight packed by _reorder_linear_weight (oneDNN takes 2-D inputs only)."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], out_features)
