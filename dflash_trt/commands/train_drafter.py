@@ -29,6 +29,10 @@ def register(subparsers) -> None:
                         help="warm start from this published drafter (fresh optimiser and schedule)")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                        help="training compute dtype; auto: bf16 where the CPU has native bf16 (default: auto)")
+    parser.add_argument("--eval-every", type=int, default=400,
+                        help="steps between held-out tau evaluations during training (default 400)")
     parser.set_defaults(func=run)
 
 
@@ -44,7 +48,8 @@ def run(args) -> int:
     train = TrainConfig(data=f"{args.work}/data", out=f"{args.work}/train", prompts=args.prompts,
                         target=args.target or preset["target"], max_steps=args.max_steps,
                         max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
-                        threads=args.threads, init_from=args.init_from)
+                        threads=args.threads, init_from=args.init_from, precision=args.precision,
+                        eval_every=args.eval_every)
     if args.lr is not None:
         train.lr = args.lr
     cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages,

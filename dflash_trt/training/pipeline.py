@@ -14,7 +14,7 @@ from pathlib import Path
 from dflash_trt.training.trainer import TrainConfig
 
 PRESETS = {
-    # The embedded demo pair: SmolLM2-135M-Instruct (30 layers, hidden 576) and a 4-layer drafter.
+    # The embedded demo pair: SmolLM2-135M-Instruct (30 layers, hidden 576) and a 2-layer drafter.
     "smollm2-135m": {"target": "smollm2", "max_prompts": 3000, "max_new_tokens": 128,
                      "out": "models/smollm2-135m-dflash"},
 }

@@ -60,6 +60,10 @@ class TrainConfig:
     refresh_every: int = 100
     seed: int = 0
     threads: int = 1
+    # Compute dtype of the drafter's forward and backward: "bf16" (autocast; master weights and the
+    # optimiser stay fp32), "fp32", or "auto" = bf16 where the CPU computes it natively (AVX512-BF16 or
+    # AMX: ~1.7x faster steps), fp32 elsewhere (emulated bf16 would be slower).
+    precision: str = "auto"
     # Warm start: a published drafter directory whose weights the run starts from (with a fresh
     # optimiser and schedule). Ignored once the run has a state of its own to resume.
     init_from: str | None = None
@@ -103,6 +107,16 @@ def lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def use_bf16(precision: str) -> bool:
+    """Whether training steps run under bf16 autocast for this `precision` setting on this CPU."""
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
+    if precision == "auto":
+        from dflash_trt.cpu_linear import bf16_packing_available
+        return bf16_packing_available()
+    return precision == "bf16"
+
+
 def training_head(head: torch.Tensor, samples: list[dict], mode: str):
     """(head rows used by the loss, map full id -> row or None). Labels always lie in the data vocab."""
     if mode == "full":
@@ -132,6 +146,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step = 0
+        self.bf16 = use_bf16(cfg.precision)
         self.scale = feature_rms(samples) if cfg.feature_scale else None
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.order: list[int] = []
@@ -223,7 +238,8 @@ class Trainer:
         if self.complement is not None and self.cfg.negatives > 0:
             pick = torch.randperm(len(self.complement), generator=self.generator)[:self.cfg.negatives]
             head = torch.cat((self.head, self.full_head[self.complement[pick]]))
-        loss, stats = block_loss(self.drafter, self.embed, head, batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss, stats = block_loss(self.drafter, self.embed, head, batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0))

@@ -2,12 +2,13 @@
 
 import json
 
+import pytest
 import torch
 
 from dflash_trt.drafter import load_drafter
 from dflash_trt.testing import make_tiny_target
 from dflash_trt.training.features import target_features
-from dflash_trt.training.trainer import Trainer, TrainConfig
+from dflash_trt.training.trainer import Trainer, TrainConfig, use_bf16
 
 LAYER_IDS = (1, 3)
 
@@ -29,11 +30,29 @@ def _trainer(tmp_path, model, samples, **overrides):
                    model.config)
 
 
-def test_loss_goes_down_on_a_tiny_target(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_loss_goes_down_on_a_tiny_target(tmp_path, precision):
     model = make_tiny_target("llama")
-    trainer = _trainer(tmp_path, model, _samples(model))
+    trainer = _trainer(tmp_path, model, _samples(model), precision=precision)
+    assert trainer.bf16 == (precision == "bf16")
     losses = [trainer.train_step()["loss"] for _ in range(40)]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    # Autocast computes in bf16; the weights the optimiser updates (and the checkpoint) stay fp32.
+    assert {p.dtype for p in trainer.drafter.parameters()} == {torch.float32}
+
+
+def test_a_bf16_step_is_close_to_the_fp32_step(tmp_path):
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    first = {p: _trainer(tmp_path / p, model, samples, precision=p).train_step()["loss"] for p in ("fp32", "bf16")}
+    assert first["bf16"] == pytest.approx(first["fp32"], rel=0.02)
+    assert first["bf16"] != first["fp32"]  # the bf16 step really computed in bf16
+
+
+def test_unknown_precision_is_refused():
+    assert use_bf16("fp32") is False and use_bf16("bf16") is True
+    with pytest.raises(ValueError, match="precision must be"):
+        use_bf16("fp16")
 
 
 def test_checkpoint_round_trips_in_published_format(tmp_path):
