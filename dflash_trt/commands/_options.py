@@ -36,7 +36,8 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="0 = off (default)")
     parser.add_argument("--top-p", type=float, default=defaults.top_p, help="1.0 = off (default)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--stop-ids", type=int_list, help="stop token ids, e.g. 7,9 (default: the target's EOS)")
+    parser.add_argument("--stop-ids", type=int_list,
+                        help="stop token ids, e.g. 7,9; '' for none (default: the target's EOS)")
 
 
 def load_pair(args):

@@ -119,7 +119,9 @@ def aiperf_command(executable: Path, config: AiperfConfig, url: str, model: str,
             "--tokenizer", TOKENIZER_REPO, "--concurrency", str(concurrency),
             "--request-count", str(config.request_count), "--warmup-request-count", "1", *prompts,
             "--output-tokens-mean", str(config.output_tokens), "--output-tokens-stddev", "0",
-            "--extra-inputs", json.dumps({"temperature": 0}), "--use-server-token-count", "--ui-type", "none",
+            # Greedy, and every answer runs to the requested length (AIPerf's advice for fixed output lengths).
+            "--extra-inputs", json.dumps({"temperature": 0, "ignore_eos": True}), "--use-server-token-count",
+            "--ui-type", "none",
             "--random-seed", "0", "--output-artifact-dir", str(out), "--workers-max", "1",
             "--record-processors", "1", "--no-gpu-telemetry", "--no-server-metrics", *config.extra_args]
 

@@ -32,7 +32,7 @@ NEUTRAL = {
     "response_format": lambda v: v in (None, {"type": "text"}),
 }
 COMMON_KEYS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
-               "stream_options", "user"}
+               "stream_options", "user", "ignore_eos"}
 COMPLETION_KEYS = COMMON_KEYS | {"prompt", "echo", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
                                  "best_of", "suffix"}
 CHAT_KEYS = COMMON_KEYS | {"messages", "max_completion_tokens", "chat_template_kwargs", "presence_penalty",
@@ -50,6 +50,9 @@ class Sampling:
     top_k: int = 0  # 0 = off (an extension vLLM also accepts)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Keep generating past end-of-sequence tokens, up to max_tokens (an extension vLLM and
+    # TensorRT-LLM also accept; benchmarks use it for outputs of a fixed length).
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     max_tokens = _integer(body, "max_tokens", None)
     if max_tokens is not None and max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body.get("stop")))
+    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body.get("stop")), _bool(body, "ignore_eos"))
 
 
 def _stop(value) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ import numpy as np
 
 from dflash_trt.gateway.errors import APIError, invalid, server_error
 from dflash_trt.gateway.protocol import Sampling
+from dflash_trt.serving.requests import IGNORE_EOS
 
 ENSEMBLE = "ensemble"
 
@@ -121,6 +122,8 @@ def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
     }
     if sampling.seed is not None:
         arrays["seed"] = np.array([sampling.seed], dtype=np.uint64)
+    if sampling.ignore_eos:
+        arrays["end_id"] = np.array([IGNORE_EOS], dtype=np.int32)
     if sampling.stop:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in sampling.stop], dtype=np.object_)
     inputs = []

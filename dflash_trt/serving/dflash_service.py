@@ -17,7 +17,7 @@ import numpy as np
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.cancellation import CancelBoard
 from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
-from dflash_trt.serving.requests import RequestLimits, parse_token_request
+from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
 INPUTS = {
@@ -91,7 +91,7 @@ class DFlashService:
         final_sent, steps = False, None
         try:
             gen, prompt_ids = parse_token_request(read_inputs(pb, request, INPUTS), self.limits, self.vocab_size)
-            end_ids = (gen.end_id,) if gen.end_id is not None else tuple(self.runtime.default_end_ids)
+            end_ids = request_end_ids(gen, self.runtime.default_end_ids)
             stats = Stats(self.runtime.block_size)
             steps = self.runtime.steps(prompt_ids, gen, end_ids)
             on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731

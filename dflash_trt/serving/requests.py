@@ -48,9 +48,20 @@ class RequestLimits:
     max_context_tokens: int = 8192
 
 
+IGNORE_EOS = -1  # the end_id that disables end-of-sequence tokens
+
+
+def request_end_ids(request: "GenerationRequest", default: tuple[int, ...]) -> tuple[int, ...]:
+    """The token ids that end this request's generation: its end_id, none (-1), or the model's."""
+    if request.end_id is None:
+        return tuple(default)
+    return () if request.end_id == IGNORE_EOS else (request.end_id,)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One validated request. `end_id` None means the model's own end-of-sequence tokens."""
+    """One validated request. `end_id` None means the model's own end-of-sequence tokens; -1 means none
+    (generate until max_tokens or a stop word: TensorRT-LLM's spelling of ignore_eos)."""
 
     text: str
     max_tokens: int
@@ -131,8 +142,8 @@ def validate_sampling(request: GenerationRequest, limits: RequestLimits) -> None
         raise InvalidRequest(f"top_p must be in (0, 1], got {request.top_p}")
     if request.top_k < 0:
         raise InvalidRequest(f"top_k must be >= 0, got {request.top_k}")
-    if request.end_id is not None and request.end_id < 0:
-        raise InvalidRequest(f"end_id must be >= 0, got {request.end_id}")
+    if request.end_id is not None and request.end_id < IGNORE_EOS:
+        raise InvalidRequest(f"end_id must be >= 0, or -1 to ignore end-of-sequence, got {request.end_id}")
 
 
 def validate_prompt_length(num_prompt_tokens: int, max_tokens: int, limits: RequestLimits) -> None:

@@ -38,6 +38,8 @@ def sampling_kwargs(request: GenerationRequest, end_ids) -> dict:
         "detokenize": False,
         "return_perf_metrics": True,  # carries the DFlash acceptance statistics
     }
+    if not end_ids:
+        kwargs["ignore_eos"] = True  # else TensorRT-LLM falls back to the tokenizer's EOS
     if request.temperature == 0:
         kwargs["temperature"] = 0.0  # greedy
     else:

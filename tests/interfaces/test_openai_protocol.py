@@ -32,8 +32,8 @@ def test_completion_defaults_follow_openai():
 def test_completion_reads_every_supported_parameter():
     request = completion(max_tokens=7, temperature=0, top_p=0.5, top_k=3, seed=11, stop=["\n", "User:"], n=1,
                          stream=True, stream_options={"include_usage": True}, echo=True, user="u",
-                         presence_penalty=0, logprobs=None)
-    assert request.sampling == Sampling(7, 0.0, 0.5, 3, 11, ("\n", "User:"))
+                         presence_penalty=0, logprobs=None, ignore_eos=True)
+    assert request.sampling == Sampling(7, 0.0, 0.5, 3, 11, ("\n", "User:"), ignore_eos=True)
     assert request.stream and request.include_usage and request.echo
 
 
@@ -67,6 +67,7 @@ def test_chat_normalizes_text_parts_and_the_developer_role():
     ({"stop": [1]}, "stop"),
     ({"n": 2}, "n"),
     ({"stream": "yes"}, "stream"),
+    ({"ignore_eos": 1}, "ignore_eos"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"logprobs": 3}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dflash_trt.gateway import responses as out
@@ -96,7 +97,13 @@ def test_request_tensors_use_the_ensemble_names_and_types():
 
 def test_no_seed_and_no_stop_words_send_no_tensors():
     names = {t.name() for t in request_inputs("Hi", Sampling(), 3)}
-    assert "seed" not in names and "stop_words" not in names
+    assert "seed" not in names and "stop_words" not in names and "end_id" not in names
+
+
+def test_ignore_eos_sends_end_id_minus_one():
+    inputs = {t.name(): t for t in request_inputs("Hi", Sampling(ignore_eos=True), 3)}
+    assert inputs["end_id"].datatype() == "INT32"
+    assert np.frombuffer(inputs["end_id"]._get_content(), dtype=np.int32).tolist() == [-1]
 
 
 @pytest.mark.parametrize("message, status", [

@@ -38,7 +38,7 @@ def test_aiperf_drives_the_chat_endpoint_greedily_with_server_token_counts(tmp_p
     pairs = dict(zip(command[2::1], command[3::1]))
     assert pairs["--endpoint-type"] == "chat" and pairs["--tokenizer"] == TOKENIZER_REPO
     assert pairs["--concurrency"] == "4" and pairs["--request-count"] == "8"
-    assert pairs["--output-tokens-mean"] == "32" and json.loads(pairs["--extra-inputs"]) == {"temperature": 0}
+    assert pairs["--output-tokens-mean"] == "32" and json.loads(pairs["--extra-inputs"]) == {"temperature": 0, "ignore_eos": True}
     assert "--streaming" in command and "--use-server-token-count" in command
     assert command[-2:] == ["--benchmark-duration", "30"]
 

@@ -84,6 +84,11 @@ def test_uses_the_models_end_ids_by_default(fake_pb, service):
     assert service.runtime.requests[0][2] == (2,)
 
 
+def test_end_id_minus_one_runs_without_end_ids(fake_pb, service):
+    service.execute([request(fake_pb, end_id=np.array([-1], dtype=np.int32))])
+    assert service.runtime.requests[0][2] == ()
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"max_tokens": np.array([0], dtype=np.int32)}, "max_tokens must be in [1, 64]"),
     ({"max_tokens": np.array([100], dtype=np.int32)}, "max_tokens must be in [1, 64]"),

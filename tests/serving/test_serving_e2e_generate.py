@@ -62,6 +62,18 @@ def test_greedy_output_equals_dflash_trt_generate(triton, tiny_engine, smollm2_t
     assert served["total_accepted_draft_tokens"] == reference["num_accepted_tokens"]
 
 
+def test_end_id_ends_the_answer_there_and_minus_one_disables_end_ids(triton, tiny_engine):
+    command = [sys.executable, "-m", "dflash_trt.cli", "generate", "--target", str(tiny_engine / "target"),
+               "--drafter", str(tiny_engine / "drafter"), "--prompt", PROMPT, "--max-new-tokens", "24", "--json",
+               "--stop-ids", ""]
+    token_ids = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])["token_ids"]
+    end = token_ids[12]
+    ended = generate(triton.config.http_url, PROMPT, 24, exclude_input_in_output=True, end_id=end)
+    assert ended["finish_reason"] == "stop" and ended["num_output_tokens"] == token_ids.index(end)
+    unended = generate(triton.config.http_url, PROMPT, 24, exclude_input_in_output=True, end_id=-1)
+    assert unended["finish_reason"] == "length" and unended["num_output_tokens"] == 24
+
+
 def test_a_stop_word_ends_the_answer_before_it(triton):
     text = generate(triton.config.http_url, PROMPT, 40, exclude_input_in_output=True)["text_output"]
     words = text.split()

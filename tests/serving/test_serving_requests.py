@@ -64,6 +64,7 @@ def test_accepts_a_batch_dimension_of_one():
         ({"top_p": np.array([0.0], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
         ({"top_p": np.array([1.5], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
         ({"top_k": np.array([-1], dtype=np.int32)}, "top_k must be >= 0"),
+        ({"end_id": np.array([-2], dtype=np.int32)}, "end_id must be >= 0, or -1 to ignore end-of-sequence"),
         ({"stop_words": np.array([b"\xc3"], dtype=object)}, "stop_words is not valid UTF-8"),
         ({"bogus": np.array([1])}, "unknown input tensor"),
     ],

@@ -80,6 +80,12 @@ def test_greedy_requests_map_to_temperature_zero_without_top_k_or_top_p():
                       "return_perf_metrics": True, "temperature": 0.0}
 
 
+def test_no_end_ids_ask_tensorrt_llm_to_ignore_eos():
+    kwargs = sampling_kwargs(GenerationRequest("x", 32, end_id=-1), end_ids=())
+    assert kwargs["ignore_eos"] is True and kwargs["end_id"] is None and kwargs["stop_token_ids"] is None
+    assert "ignore_eos" not in sampling_kwargs(GenerationRequest("x", 32), end_ids=(2,))
+
+
 def test_sampling_requests_pass_their_parameters_and_seed():
     kwargs = sampling_kwargs(GenerationRequest("x", 8, temperature=0.7, top_k=40, top_p=0.9, seed=3), (2,))
     assert (kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["seed"]) == (0.7, 40, 0.9, 3)
