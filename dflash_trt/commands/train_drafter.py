@@ -9,6 +9,7 @@ STAGES = ("prompts", "answers", "features", "train", "export")
 
 def register(subparsers) -> None:
     from ..training.pipeline import PRESETS
+    from ..training.trainer import PRECISIONS
 
     parser = subparsers.add_parser(
         "train-drafter", help="train a DFlash drafter (prompts -> target answers -> features -> training)",
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
                         help="warm start from this published drafter (fresh optimiser and schedule)")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
-    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                         help="training compute dtype; auto: bf16 where the CPU has native bf16 (default: auto)")
     parser.add_argument("--eval-every", type=int, default=400,
                         help="steps between held-out tau evaluations during training (default 400)")

@@ -17,6 +17,7 @@ from dflash_trt.drafter import DFlashDrafter, save_drafter
 from dflash_trt.training.recipe import block_loss, build_batch, sample_anchors
 
 STATE_NAME = "train_state.pt"
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -109,7 +110,7 @@ def lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
 
 def use_bf16(precision: str) -> bool:
     """Whether training steps run under bf16 autocast for this `precision` setting on this CPU."""
-    if precision not in ("auto", "bf16", "fp32"):
+    if precision not in PRECISIONS:
         raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
     if precision == "auto":
         from dflash_trt.cpu_linear import bf16_packing_available
