@@ -21,6 +21,9 @@ def register(subparsers) -> None:
     parser.add_argument("--prompts", default="data/prompts", help="prompt sets root (<family>/{train,heldout}.jsonl)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--max-prompts", type=int, help="training prompts to answer (default: the preset's)")
+    parser.add_argument("--answers-from", metavar="DIR",
+                        help="import the target's answers from this directory before generating the rest "
+                             "(default: the preset's committed answers, unless --target is given; '' for none)")
     parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default: the preset's)")
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (cosine schedule ends there)")
@@ -53,7 +56,10 @@ def run(args) -> int:
                         eval_every=args.eval_every)
     if args.lr is not None:
         train.lr = args.lr
-    cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages,
+    answers_from = args.answers_from
+    if answers_from is None and not args.target:
+        answers_from = preset.get("answers")
+    cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages, answers_from=answers_from or None,
                          max_prompts=args.max_prompts or preset["max_prompts"],
                          max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])
     summary = run_pipeline(cfg)

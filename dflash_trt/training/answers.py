@@ -3,7 +3,8 @@
 Batched Hugging Face generate with left padding (much faster than batch 1 on CPU). Each record
 stores the token ids of prompt + response and the prompt length (the response mask is
 ``position >= prompt_len``). Output is appended per batch, so an interrupted run resumes where it
-stopped; shards let several processes split the prompts.
+stopped; shards let several processes split the prompts. A prompt counts as answered when any
+answers file of the directory holds it, whichever shard or import (``import_answers``) wrote it.
 """
 
 from __future__ import annotations
@@ -49,10 +50,27 @@ def chat_ids(tok, prompt: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def done_indices(path: Path) -> set[int]:
-    if not path.exists():
-        return set()
-    return {json.loads(line)["idx"] for line in path.read_text().splitlines() if line.strip()}
+def answered_indices(out: str | Path) -> set[int]:
+    """Prompt indices answered in any answers file of a data directory (whatever shard wrote them)."""
+    return {r["idx"] for r in read_answers(out)}
+
+
+def import_answers(source: str | Path, out: str | Path, prompts: str, max_prompts: int, seed: int = 0) -> int:
+    """Copy answers from a directory of answer files (e.g. the committed ones) into a data directory.
+
+    A record is taken only when its index is among the first `max_prompts` training prompts and its
+    prompt text is the one at that index here, so answers to another prompt set or order never leak
+    in; indices the data directory already holds are skipped. Returns the number of records copied.
+    """
+    expected = {i: p for i, (_, p) in enumerate(ordered_prompts(prompts, max_prompts, seed))}
+    have = answered_indices(out)
+    new = [r for r in read_answers(source) if expected.get(r["idx"]) == r["prompt"] and r["idx"] not in have]
+    if new:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with open(Path(out) / "answers.imported.jsonl", "a", encoding="utf-8") as f:
+            for rec in new:
+                f.write(json.dumps(rec) + "\n")
+    return len(new)
 
 
 def trim_response(ids: list[int], pad_id: int, stop_ids: tuple[int, ...]) -> list[int]:
@@ -100,7 +118,10 @@ def generate_answers(cfg: AnswerConfig) -> Path:
     path = out / f"answers.{cfg.shard}-of-{cfg.num_shards}.jsonl"
     items = [(i, f, p) for i, (f, p) in enumerate(ordered_prompts(cfg.prompts, cfg.max_prompts, cfg.seed))
              if i % cfg.num_shards == cfg.shard]
-    todo = [it for it in items if it[0] not in done_indices(path)]
+    done = answered_indices(out)
+    todo = [it for it in items if it[0] not in done]
+    if not todo:
+        return path
     model, tok = load_hf_target(cfg.target)
     layer_ids = tuple(int(x) for x in cfg.feature_layer_ids.split(",") if x.strip())
     stop_ids = SMOLLM2_STOP_IDS if tok.eos_token_id not in SMOLLM2_STOP_IDS and len(tok) == 49152 else (tok.eos_token_id,)

@@ -63,10 +63,15 @@ def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], chunk: int 
     return len(todo)
 
 
-def load_feature_cache(data_dir: str, layer_ids: tuple[int, ...]) -> list[dict]:
-    """Every cached sample (ids, prompt_len, features) of a data directory, sorted by prompt index."""
+def load_feature_cache(data_dir: str, layer_ids: tuple[int, ...], known: set[int] | frozenset = frozenset()) -> list[dict]:
+    """Cached samples (ids, prompt_len, features) of a data directory, sorted by prompt index.
+
+    Samples whose index is in `known` are left out, and a chunk holding only such samples is not
+    read at all: a trainer polling for new answers costs a directory listing, not a reload.
+    """
     fdir = feature_dir(data_dir, layer_ids)
     samples = []
     for p in sorted(fdir.glob("chunk_*.json")):
-        samples += torch.load(p.with_suffix(".pt"), weights_only=True)
+        if not set(json.loads(p.read_text())) <= known:
+            samples += [s for s in torch.load(p.with_suffix(".pt"), weights_only=True) if s["idx"] not in known]
     return sorted(samples, key=lambda s: s["idx"])

@@ -56,8 +56,8 @@ class TrainConfig:
     eval_prompts_per_family: int = 1
     eval_max_new_tokens: int = 48
     save_every: int = 50
-    # Re-read the feature cache every this many steps (0: never), so training can start while
-    # answers are still being generated.
+    # Look for new chunks in the feature cache every this many steps (0: never), so training can
+    # start while answers are still being generated; only chunks with unseen samples are read.
     refresh_every: int = 100
     seed: int = 0
     threads: int = 1
@@ -165,6 +165,15 @@ class Trainer:
         self.head, self.vocab_map = training_head(self.full_head, samples, self.cfg.train_vocab)
         self.complement = None if self.vocab_map is None else torch.nonzero(self.vocab_map < 0).flatten()
 
+    def add_samples(self, new: list[dict]) -> None:
+        """Add samples that appeared while training (answers still being generated)."""
+        if not new:
+            return
+        self.set_samples(sorted(self.samples + new, key=lambda s: s["idx"]))
+        # New samples go first (order is popped from the end) in the current epoch.
+        self.order += [s["idx"] for s in new]
+        self._log({"step": self.step, "num_samples": len(self.samples)})
+
     def _warm_start(self, path: str) -> None:
         """Start from a published drafter (the inverse of `published_drafter`)."""
         from dflash_trt.drafter import load_drafter
@@ -271,13 +280,7 @@ class Trainer:
             if self.step % self.cfg.save_every == 0:
                 self.save()
             if self.refresh and self.cfg.refresh_every and self.step % self.cfg.refresh_every == 0:
-                fresh = self.refresh()
-                if len(fresh) > len(self.samples):
-                    known = set(self.by_idx)
-                    self.set_samples(fresh)
-                    # New samples go first (order is popped from the end) in the current epoch.
-                    self.order += [s["idx"] for s in fresh if s["idx"] not in known]
-                    self._log({"step": self.step, "num_samples": len(fresh)})
+                self.add_samples(self.refresh(set(self.by_idx)))
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc1=f"{stats['acc1']:.2f}")
         bar.close()

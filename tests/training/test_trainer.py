@@ -114,3 +114,23 @@ def test_warm_start_continues_from_a_published_drafter(tmp_path):
     assert warm.train_step()["loss"] < _trainer(tmp_path / "c", model, samples).train_step()["loss"]
     with pytest.raises(ConfigError, match="block_size 4 != 8"):
         _trainer(tmp_path / "d", model, samples, init_from=str(published), block_size=8)
+
+
+def test_samples_that_appear_while_training_are_picked_up_next(tmp_path):
+    model = make_tiny_target("llama")
+    samples = _samples(model, count=5)
+    polls = []
+
+    def refresh(known):
+        polls.append(set(known))
+        return [s for s in samples[3:] if s["idx"] not in known]  # two answers arrive after the start
+
+    trainer = _trainer(tmp_path, model, samples[:3], max_steps=1, batch_size=1, refresh_every=1)
+    trainer.refresh = refresh
+    trainer.run()
+    assert polls == [{0, 1, 2}] and sorted(trainer.by_idx) == [0, 1, 2, 3, 4]
+    # The new samples are the next ones trained on: the order is popped from its end.
+    assert trainer.order[-2:] == [3, 4] and len(trainer.order) == 4
+    trainer.cfg.max_steps = 2
+    trainer.run()
+    assert polls[1] == {0, 1, 2, 3, 4} and trainer.order[-1] == 3  # sample 4 was trained on, then nothing new

@@ -1,0 +1,71 @@
+"""Answer files: importing committed answers, and resuming whatever shard wrote them."""
+
+import json
+from pathlib import Path
+
+from dflash_trt.training.answers import (AnswerConfig, answered_indices, generate_answers, import_answers,
+                                         ordered_prompts, read_answers)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _prompt_sets(root):
+    for family in ("math", "code"):
+        (root / family).mkdir(parents=True)
+        (root / family / "train.txt").write_text("\n".join(f"{family} prompt {i}" for i in range(4)))
+    return str(root)
+
+
+def _answer_file(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _record(idx, prompt):
+    return {"idx": idx, "family": prompt.split()[0], "prompt": prompt, "ids": [1, 2, 3, idx], "prompt_len": 3}
+
+
+def test_import_takes_only_answers_to_the_same_prompt_at_the_same_index(tmp_path):
+    prompts = _prompt_sets(tmp_path / "prompts")
+    order = [p for _, p in ordered_prompts(prompts, 8, 0)]
+    source = tmp_path / "committed"
+    _answer_file(source / "answers.0-of-2.jsonl", [_record(0, order[0]), _record(2, order[2])])
+    _answer_file(source / "answers.1-of-2.jsonl", [_record(1, order[3]),  # another prompt at index 1
+                                                   _record(7, order[7])])
+    data = tmp_path / "data"
+
+    assert import_answers(source, data, prompts, max_prompts=6) == 2  # index 7 is past max_prompts
+    assert answered_indices(data) == {0, 2}
+    assert [r["prompt"] for r in read_answers(data)] == [order[0], order[2]]
+    # Importing again adds nothing: the data directory already holds those indices.
+    assert import_answers(source, data, prompts, max_prompts=8) == 1
+    assert answered_indices(data) == {0, 2, 7}
+
+
+def test_a_fully_answered_directory_needs_no_target(tmp_path):
+    """Answers written by two shards (or imported) count for a single-shard run: nothing is regenerated."""
+    prompts = _prompt_sets(tmp_path / "prompts")
+    order = [p for _, p in ordered_prompts(prompts, 8, 0)]
+    data = tmp_path / "data"
+    _answer_file(data / "answers.0-of-2.jsonl", [_record(i, order[i]) for i in range(0, 8, 2)])
+    _answer_file(data / "answers.1-of-2.jsonl", [_record(i, order[i]) for i in range(1, 8, 2)])
+    # A target that does not exist: loading it would fail, so this passes only if generation is skipped.
+    cfg = AnswerConfig(prompts=prompts, out=str(data), target=str(tmp_path / "no-such-model"), max_prompts=8)
+    generate_answers(cfg)
+    assert [r["idx"] for r in read_answers(data)] == list(range(8))
+    assert not (data / "answers.0-of-1.jsonl").exists()
+
+
+def test_train_drafter_imports_the_presets_committed_answers_unless_told_otherwise(monkeypatch):
+    import dflash_trt.training.pipeline as pipeline
+    from dflash_trt.cli import main
+
+    seen = []
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda cfg: seen.append(cfg) or {})
+    main(["train-drafter", "--stages", "answers"])
+    main(["train-drafter", "--stages", "answers", "--answers-from", ""])
+    main(["train-drafter", "--stages", "answers", "--target", "my-model"])
+    main(["train-drafter", "--stages", "answers", "--target", "my-model", "--answers-from", "mine"])
+    committed = pipeline.PRESETS["smollm2-135m"]["answers"]
+    assert [c.answers_from for c in seen] == [committed, None, None, "mine"]
+    assert len(read_answers(REPO / committed)) == seen[0].max_prompts  # every training prompt is answered there
