@@ -1,22 +1,34 @@
-"""The DFlash decoding loop: prefill, then draft a block, verify it, accept a prefix, repeat.
+"""The DFlash decoding step: draft a block, verify it, accept a prefix, commit; and the loop built on it.
 
-Several sequences run as one batch. Each keeps its own positions; the target's KV cache is shared
-in length and right-aligned: every row's valid slots are contiguous at the end, with left padding masked
-out, so each sequence computes what it would alone. A sequence leaves the batch when it finishes. block_size 1 (or no drafter) is plain autoregressive decoding: the speedup baseline.
+Several requests run as one batch (batch.py): each keeps its own positions, the target's KV cache is
+right-aligned with left padding masked out, so each row computes what it would alone. One step is four
+small pieces, each its own function: `draft_block` (the drafter proposes S - 1 tokens after each row's
+last committed token), `verify_block` (one target forward over the block; the target's own choice at
+every position), `commit_block` (keep the accepted prefix plus the target's bonus token in the cache
+and in the requests), and the scheduler's leave step (finished rows leave the batch). Block size 1 (or
+no drafter) is plain autoregressive decoding: the speedup baseline.
+
+`generate`, `stream_generate` and `decode` run a fixed batch through the scheduler (scheduler.py).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
+from .batch import RunningBatch
 from .drafter import DFlashDrafter
 from .errors import DFlashError
 from .results import GenerationResult, StepOutput
-from .sampling import SamplingParams, choose
+from .sampling import SamplingParams, choose_keyed
 from .target import TargetModel
+
+# Plain steps (block size 1) still record the target's features for the drafter; once this many context
+# rows are pending, the drafter takes them in (one draft call) so they never pile up.
+FEATURE_BACKLOG = 32
 
 
 def acceptance_lengths(block: torch.Tensor, choices: torch.Tensor) -> torch.Tensor:
@@ -28,71 +40,122 @@ def acceptance_lengths(block: torch.Tensor, choices: torch.Tensor) -> torch.Tens
     return matches.cumprod(dim=1).sum(dim=1)
 
 
-class _Sequence:
-    """Bookkeeping of one sequence: committed tokens, stop rules, statistics."""
+@dataclass
+class Verified:
+    """What one verify forward decided: the target's choices and the accepted drafts per row."""
 
-    def __init__(self, index: int, prompt: Sequence[int], params: SamplingParams, block_size: int):
-        if not prompt:
-            raise DFlashError(f"prompt {index} is empty")
-        self.index, self.prompt, self.params = index, list(prompt), params
-        self.generator = params.make_generator()
-        self.result = GenerationResult(token_ids=[], finish_reason="", block_size=block_size)
-        self.decode_start = 0.0
-
-    @property
-    def is_finished(self) -> bool:
-        return bool(self.result.finish_reason)
-
-    def commit(self, tokens: list[int]) -> list[int]:
-        """Append tokens up to a stop token (included) or max_new_tokens; returns those appended."""
-        committed = []
-        for token in tokens:
-            committed.append(token)
-            self.result.token_ids.append(token)
-            if token in self.params.stop_token_ids:
-                self.result.finish_reason = "stop"
-            elif len(self.result.token_ids) >= self.params.max_new_tokens:
-                self.result.finish_reason = "length"
-            if self.is_finished:
-                self.result.decode_s = max(time.perf_counter() - self.decode_start, 0.0)
-                break
-        return committed
-
-    def step_output(self, tokens: list[int], acceptance_length: int | None) -> StepOutput:
-        done = self.is_finished
-        return StepOutput(self.index, tokens, acceptance_length, done, self.result if done else None)
+    choices: torch.Tensor  # [B, S]
+    accepted: torch.Tensor  # [B]
+    features: torch.Tensor | None  # [B, S, K*D] target features of the block positions
+    mask: torch.Tensor  # [B, cached + S] the cache mask including the block
+    cached: int  # cache width before the block
 
 
-class _Batch:
-    """Tensors shared by the active sequences; row b belongs to seqs[b]."""
+@dataclass
+class StepReport:
+    outputs: list[StepOutput]
+    block_size: int
+    accepted: list[int]  # accepted drafts per row (0 .. block_size - 1), for the block-size policy
 
-    def __init__(self, seqs: list[_Sequence], target: TargetModel):
-        self.seqs = seqs
-        self.cache = target.new_cache()
-        device = target.device
-        lengths = torch.tensor([len(s.prompt) for s in seqs], device=device)
-        width = int(lengths.max())
-        self.pad = width - lengths  # prompts are left-padded to a common width
-        self.tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
-        for row, seq in enumerate(seqs):
-            self.tokens[row, int(self.pad[row]):] = torch.tensor(seq.prompt, device=device)
-        self.mask = torch.arange(width, device=device)[None, :] >= self.pad[:, None]  # [B, cache length]
-        self.next_pos = lengths.clone()  # position of the next uncommitted token, per sequence
-        self.last_token = torch.zeros(len(seqs), dtype=torch.long, device=device)
-        self.features: torch.Tensor | None = None  # new context rows for the drafter, left-aligned
-        self.ctx_lens = lengths.clone()
-        self.draft_cache = None
 
-    def select(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, device=self.mask.device)
-        self.seqs = [self.seqs[r] for r in rows]
-        self.cache.batch_select_indices(index)
-        self.mask, self.next_pos, self.last_token = self.mask[index], self.next_pos[index], self.last_token[index]
-        self.ctx_lens = self.ctx_lens[index]
-        if self.features is not None:
-            self.features = self.features[index]
-        if self.draft_cache is not None:
-            self.draft_cache.select(index)
+def decode_step(target: TargetModel, drafter, batch: RunningBatch, block_size: int, layer_ids) -> StepReport:
+    """One decoding step of the whole batch with `block_size` (1: plain decoding, no draft)."""
+    drafted = drafter is not None and block_size > 1
+    if drafted:
+        block = draft_block(target, drafter, batch, block_size)
+    else:
+        block = batch.last_token[:, None].clone()
+        if drafter is not None and batch.features is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
+            absorb_context(target, drafter, batch)
+    now = time.perf_counter()
+    for request in batch.requests:  # decode-phase timing starts after the first draft call, as in the paper
+        request.decode_start = request.decode_start or now
+    verified = verify_block(target, batch, block, layer_ids)
+    outputs = commit_block(target, batch, block, verified, drafted)
+    return StepReport(outputs, block_size, verified.accepted.tolist())
+
+
+@torch.inference_mode()
+def draft_block(target: TargetModel, drafter, batch: RunningBatch, block_size: int) -> torch.Tensor:
+    """Block [B, S] = [last committed token, S - 1 drafts] (slot k predicts position next_pos + k)."""
+    block = torch.full((len(batch), block_size), drafter.config.mask_token_id, dtype=torch.long,
+                       device=batch.last_token.device)
+    block[:, 0] = batch.last_token
+    block[:, 1:] = drafter.propose(target, block, batch.features, batch.ctx_lens, batch.draft_cache)
+    if not torch.equal(batch.draft_cache.lens, batch.next_pos):
+        raise RuntimeError("draft cache out of step with the committed context")  # internal invariant
+    batch.features, batch.ctx_lens = batch.features[:, :0], torch.zeros_like(batch.ctx_lens)
+    return block
+
+
+@torch.inference_mode()
+def absorb_context(target: TargetModel, drafter, batch: RunningBatch) -> None:
+    """Let the drafter take in the pending context rows (a draft call whose drafts are not used)."""
+    draft_block(target, drafter, batch, 2)
+
+
+@torch.inference_mode()
+def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, layer_ids) -> Verified:
+    """One target forward over the block; choices[b, j] is the target's token after block slot j."""
+    num_rows, block_size = block.shape
+    device = block.device
+    positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
+    cached = batch.width
+    mask = torch.cat((batch.mask, torch.ones(num_rows, block_size, dtype=torch.bool, device=device)), dim=1)
+    out = target.forward(block, positions, mask.long(), batch.cache, layer_ids)
+    if all(request.params.is_greedy for request in batch.requests):
+        choices = torch.argmax(out.logits, dim=-1)
+    else:  # slot j of row b draws output index len(tokens so far) + j of that request's stream
+        choices = torch.stack([choose_keyed(out.logits[row], request.params, request.seed,
+                                            len(request.result.token_ids))
+                               for row, request in enumerate(batch.requests)])
+    return Verified(choices, acceptance_lengths(block, choices), out.features, mask, cached)
+
+
+@torch.inference_mode()
+def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, verified: Verified,
+                 drafted: bool) -> list[StepOutput]:
+    """Keep the accepted prefix + bonus token of every row in the cache and in its request."""
+    accepted, device = verified.accepted, block.device
+    # Keep the slots of the longest committed run; rows that committed fewer are shifted right so that
+    # their unused slots become left padding.
+    num_kept = int(accepted.max()) + 1
+    batch.cache.crop(verified.cached + num_kept)
+    shifts = num_kept - 1 - accepted
+    batch.mask = verified.mask[:, :verified.cached + num_kept]
+    if bool(shifts.any()):
+        target.shift_right(batch.cache, shifts)
+        width = batch.mask.shape[1]
+        batch.mask = torch.arange(width, device=device)[None, :] >= (shifts + (~batch.mask).sum(dim=1))[:, None]
+    batch.next_pos = batch.next_pos + accepted + 1
+    if verified.features is not None:
+        batch.append_features(verified.features[:, :num_kept], accepted + 1)
+    batch.trim()
+
+    num_drafts = block.shape[1] - 1 if drafted else 0
+    outputs = []
+    accepted_list, rows = accepted.tolist(), verified.choices.tolist()
+    block_rows = block.tolist()
+    for row, request in enumerate(batch.requests):
+        a = accepted_list[row]
+        batch.last_token[row] = rows[row][a]
+        committed = request.commit(block_rows[row][1:a + 1] + [rows[row][a]])
+        # What the step committed: a + 1, or fewer where the request ended inside the accepted run (a block
+        # sized for the longest row of the batch may accept more than a short request has left).
+        request.result.acceptance_lengths.append(len(committed))
+        request.result.draft_lengths.append(num_drafts)
+        outputs.append(request.step_output(committed, len(committed), num_drafts))
+    return outputs
+
+
+def resolve_block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
+    if block_size is None:
+        block_size = drafter.config.block_size if drafter is not None else 1
+    if block_size < 1:
+        raise DFlashError(f"block_size must be >= 1, got {block_size}")
+    if block_size > 1 and drafter is None:
+        raise DFlashError(f"block_size {block_size} needs a drafter")
+    return block_size
 
 
 def stream_generate(target: TargetModel, drafter: DFlashDrafter | None, prompt: Sequence[int],
@@ -115,124 +178,18 @@ def generate(target: TargetModel, drafter: DFlashDrafter | None, prompts: Sequen
 
 def decode(target: TargetModel, drafter: DFlashDrafter | None, prompts: Sequence[Sequence[int]],
            params_list: Sequence[SamplingParams], block_size: int | None = None) -> Iterator[StepOutput]:
-    """The speculative loop of dflash.md over a batch; yields a StepOutput per sequence and step."""
+    """The speculative loop of dflash.md over a fixed batch (every prompt starts at once, block size
+    pinned); yields a StepOutput per sequence and step; StepOutput.index is the prompt's position."""
+    from .block_policy import FixedBlockSize
+    from .scheduler import Scheduler, SchedulerLimits
+
     if len(params_list) != len(prompts):
         raise DFlashError("one SamplingParams per prompt is required")
-    block_size = _resolve_block_size(drafter, block_size)
-    use_drafter = block_size > 1
-    if use_drafter:
-        target.check_drafter(drafter.config)
-    layer_ids = drafter.config.target_layer_ids if use_drafter else ()
-    seqs = [_Sequence(i, p, params, block_size) for i, (p, params) in enumerate(zip(prompts, params_list))]
-    _check_context(target, seqs, block_size)
-
-    batch = _Batch(seqs, target)
-    if use_drafter:
-        capacity = max(len(s.prompt) + s.params.max_new_tokens for s in seqs) + block_size
-        batch.draft_cache = drafter.new_cache(len(seqs), capacity)
-    yield from _prefill(target, batch, layer_ids)
-    _drop_finished(batch)
-    is_first_draft = True
-    while batch.seqs:
-        block = torch.full((len(batch.seqs), block_size), drafter.config.mask_token_id if use_drafter else 0,
-                           dtype=torch.long, device=target.device)
-        block[:, 0] = batch.last_token
-        if use_drafter:
-            block[:, 1:] = _draft(target, drafter, batch, block)
-        if is_first_draft:  # decode-phase timing starts after the first draft call, as in the paper
-            is_first_draft = False
-            for seq in batch.seqs:
-                seq.decode_start = time.perf_counter()
-        yield from _verify(target, batch, block, layer_ids)
-        _drop_finished(batch)
-
-
-def _resolve_block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
-    if block_size is None:
-        block_size = drafter.config.block_size if drafter is not None else 1
-    if block_size < 1:
-        raise DFlashError(f"block_size must be >= 1, got {block_size}")
-    if block_size > 1 and drafter is None:
-        raise DFlashError(f"block_size {block_size} needs a drafter")
-    return block_size
-
-
-def _check_context(target: TargetModel, seqs: list[_Sequence], block_size: int) -> None:
-    limit = target.max_context
-    for seq in seqs:
-        needed = len(seq.prompt) + seq.params.max_new_tokens + block_size
-        if limit and needed > limit:
-            raise DFlashError(f"prompt {seq.index}: {len(seq.prompt)} prompt tokens + max_new_tokens "
-                              f"{seq.params.max_new_tokens} + block {block_size} exceed the target's context "
-                              f"of {limit} tokens")
-
-
-@torch.inference_mode()
-def _prefill(target: TargetModel, batch: _Batch, layer_ids) -> Iterator[StepOutput]:
-    start = time.perf_counter()
-    positions = (torch.cumsum(batch.mask.long(), dim=1) - 1).clamp(min=0)
-    out = target.forward(batch.tokens, positions, batch.mask.long(), batch.cache, layer_ids, last_only=True)
-    if out.features is not None:
-        # Left padding -> left-aligned context rows (row i of sequence b = prompt position i).
-        width = out.features.shape[1]
-        index = (torch.arange(width, device=batch.pad.device)[None, :] + batch.pad[:, None]).clamp(max=width - 1)
-        batch.features = torch.gather(out.features, 1, index[:, :, None].expand(-1, -1, out.features.shape[2]))
-    prefill_s = time.perf_counter() - start
-    for row, seq in enumerate(batch.seqs):
-        first = int(choose(out.logits[row, -1:], seq.params, seq.generator)[0])
-        batch.last_token[row] = first
-        seq.result.prefill_s = prefill_s
-        seq.decode_start = time.perf_counter()
-        yield seq.step_output(seq.commit([first]), None)
-
-
-@torch.inference_mode()
-def _draft(target: TargetModel, drafter: DFlashDrafter, batch: _Batch, block: torch.Tensor) -> torch.Tensor:
-    """Draft tokens [B, S-1] for block slots 1..S-1 (slot k predicts position start + k)."""
-    drafts = drafter.propose(target, block, batch.features, batch.ctx_lens, batch.draft_cache)
-    if not torch.equal(batch.draft_cache.lens, batch.next_pos):
-        raise RuntimeError("draft cache out of step with the committed context")  # internal invariant
-    return drafts
-
-
-@torch.inference_mode()
-def _verify(target: TargetModel, batch: _Batch, block: torch.Tensor, layer_ids) -> Iterator[StepOutput]:
-    num_seqs, block_size = block.shape
-    device = block.device
-    positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
-    cached = batch.mask.shape[1]
-    mask = torch.cat((batch.mask, torch.ones(num_seqs, block_size, dtype=torch.bool, device=device)), dim=1)
-    out = target.forward(block, positions, mask.long(), batch.cache, layer_ids)
-    choices = torch.stack([choose(out.logits[row], seq.params, seq.generator)
-                           for row, seq in enumerate(batch.seqs)])
-    accepted = acceptance_lengths(block, choices)  # a per sequence
-
-    # Keep the slots of the longest committed run; rows that committed fewer are shifted right so that
-    # their unused slots become left padding.
-    num_kept = int(accepted.max()) + 1
-    batch.cache.crop(cached + num_kept)
-    shifts = num_kept - 1 - accepted
-    batch.mask = mask[:, :cached + num_kept]
-    if bool(shifts.any()):
-        target.shift_right(batch.cache, shifts)
-        width = batch.mask.shape[1]
-        batch.mask = torch.arange(width, device=device)[None, :] >= (shifts + (~batch.mask).sum(dim=1))[:, None]
-    batch.next_pos = batch.next_pos + accepted + 1
-    batch.ctx_lens = accepted + 1
-    if out.features is not None:
-        batch.features = out.features[:, :num_kept]
-
-    for row, seq in enumerate(batch.seqs):
-        a = int(accepted[row])
-        batch.last_token[row] = choices[row, a]
-        seq.result.acceptance_lengths.append(a + 1)
-        committed = seq.commit(block[row, 1:a + 1].tolist() + [int(choices[row, a])])
-        yield seq.step_output(committed, a + 1)
-
-
-def _drop_finished(batch: _Batch) -> None:
-    active = [row for row, seq in enumerate(batch.seqs) if not seq.is_finished]
-    if not active:
-        batch.seqs = []
-    elif len(active) != len(batch.seqs):
-        batch.select(active)
+    size = resolve_block_size(drafter, block_size)
+    scheduler = Scheduler(target, drafter, size, SchedulerLimits(max_batch_size=max(1, len(prompts)),
+                                                                 max_kv_tokens=None, prefill_chunk_tokens=None),
+                          FixedBlockSize(size))
+    for index, (prompt, params) in enumerate(zip(prompts, params_list)):
+        scheduler.add_request(prompt, params, request_id=index)
+    while scheduler.has_unfinished:
+        yield from scheduler.step()

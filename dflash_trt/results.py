@@ -17,6 +17,9 @@ class GenerationResult:
     finish_reason: str  # "stop" (a stop token, included) or "length" (max_new_tokens reached)
     block_size: int
     acceptance_lengths: list[int] = field(default_factory=list)
+    # Drafts verified at each step when the block size varies from step to step (the scheduler's policy);
+    # empty: every step verified block_size - 1 drafts.
+    draft_lengths: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -30,6 +33,8 @@ class GenerationResult:
 
     @property
     def num_draft_tokens(self) -> int:
+        if self.draft_lengths:
+            return sum(self.draft_lengths)
         return self.num_verify_steps * (self.block_size - 1)
 
     @property
@@ -70,8 +75,9 @@ class GenerationResult:
 class StepOutput:
     """Tokens one sequence committed in one step (the first token comes from the prefill)."""
 
-    index: int  # position of the sequence in the batch given to the decoder
+    index: object  # the request id (generate/decode: the prompt's position in the batch given)
     new_token_ids: list[int]
     acceptance_length: int | None  # None for the first token, which is not drafted
     is_final: bool
     result: GenerationResult | None = None  # set on the final step
+    num_draft_tokens: int | None = None  # drafts verified in this step (None: no verify step)

@@ -74,3 +74,47 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return torch.argmax(logits, dim=-1)
     probs = probabilities(logits, params)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+# Position-keyed sampling: the uniform number that draws output token n of a request is a fixed function of
+# (seed, n). A sampled request then emits the same tokens whatever it is batched with and whatever block size
+# each step verifies: a verify step draws every block position from the target's distribution with the
+# position's own uniform, and a position whose draw was discarded (after a rejected draft) is drawn again
+# later with the same uniform, which nothing committed depended on, so every emitted token is still a
+# target sample given the emitted prefix.
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_uniforms(seed: int, first_index: int, count: int) -> list[float]:
+    """Uniforms in [0, 1) for output indices first_index .. first_index + count - 1 of the stream `seed`."""
+    base = _splitmix64(seed & _MASK64)
+    return [(_splitmix64(base ^ ((first_index + i) & _MASK64)) >> 11) / float(1 << 53) for i in range(count)]
+
+
+def new_seed() -> int:
+    """A fresh random seed for a sampled request that did not give one."""
+    import secrets
+
+    return secrets.randbits(63)
+
+
+def choose_keyed(logits: torch.Tensor, params: SamplingParams, seed: int, first_index: int) -> torch.Tensor:
+    """Token choice per row of logits [N, V] -> [N]; row i is output index first_index + i.
+
+    Greedy: argmax. Sampled: the inverse CDF of the filtered distribution at that index's keyed uniform.
+    """
+    if params.is_greedy:
+        return torch.argmax(logits, dim=-1)
+    probs = probabilities(logits, params)
+    cdf = torch.cumsum(probs, dim=-1)
+    uniforms = torch.tensor(keyed_uniforms(seed, first_index, logits.shape[0]), dtype=cdf.dtype, device=cdf.device)
+    points = (uniforms * cdf[:, -1]).unsqueeze(-1)
+    # right=True skips zero-probability tokens (flat steps of the CDF).
+    return torch.searchsorted(cdf, points, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)

@@ -1,0 +1,193 @@
+"""The state of a decoding batch: per-request bookkeeping and the tensors the rows share.
+
+The target's KV cache is shared in length and right-aligned: every row's valid slots are contiguous at
+the end, with left padding masked out, so each row computes what it would alone. That makes the batch
+easy to reshape between steps: a newcomer joins by left-padding the shorter of the two caches and
+concatenating along the batch dimension (`merge`); a row leaves by index selection (`select`); columns
+that are padding in every row are cut off (`trim`), so the cache is never wider than its longest row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Hashable, Sequence
+
+import torch
+
+from .errors import DFlashError
+from .results import GenerationResult, StepOutput
+from .sampling import SamplingParams, new_seed
+
+
+class Request:
+    """One generation: prompt, parameters, committed tokens, stop rules, statistics."""
+
+    def __init__(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams, max_block_size: int):
+        if not prompt:
+            raise DFlashError(f"prompt {request_id} is empty")
+        self.request_id, self.prompt, self.params = request_id, list(prompt), params
+        # The sampling stream of the request (sampling.choose_keyed); greedy requests never use it.
+        self.seed = params.seed if params.seed is not None else new_seed()
+        self.result = GenerationResult(token_ids=[], finish_reason="", block_size=max_block_size)
+        self.reserved_tokens = len(self.prompt) + params.max_new_tokens + max_block_size  # KV slots at most
+        self.decode_start = 0.0
+
+    @property
+    def is_finished(self) -> bool:
+        return bool(self.result.finish_reason)
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.result.token_ids)
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to a stop token (included) or max_new_tokens; returns those appended."""
+        committed = []
+        for token in tokens:
+            committed.append(token)
+            self.result.token_ids.append(token)
+            if token in self.params.stop_token_ids:
+                self.finish("stop")
+            elif len(self.result.token_ids) >= self.params.max_new_tokens:
+                self.finish("length")
+            if self.is_finished:
+                break
+        return committed
+
+    def finish(self, reason: str) -> None:
+        if not self.is_finished:
+            self.result.finish_reason = reason
+            self.result.decode_s = max(time.perf_counter() - self.decode_start, 0.0) if self.decode_start else 0.0
+
+    def step_output(self, tokens: list[int], acceptance_length: int | None,
+                    num_draft_tokens: int | None = None) -> StepOutput:
+        done = self.is_finished
+        return StepOutput(self.request_id, tokens, acceptance_length, done, self.result if done else None,
+                          num_draft_tokens)
+
+
+class RunningBatch:
+    """Tensors shared by the rows; row b belongs to requests[b].
+
+    cache: the target's KV cache [B, ., width, .]; mask [B, width] marks valid slots. next_pos[b]: position
+    of last_token[b], the newest committed token, which is not in the cache yet. features [B, C, K*D]:
+    target features of context rows the drafter has not seen, left-aligned, ctx_lens[b] valid per row.
+    draft_cache: the drafter's context cache (None without a drafter).
+    """
+
+    def __init__(self, requests: list[Request], cache, mask: torch.Tensor, next_pos: torch.Tensor,
+                 last_token: torch.Tensor, features: torch.Tensor | None, ctx_lens: torch.Tensor, draft_cache):
+        self.requests, self.cache, self.mask = requests, cache, mask
+        self.next_pos, self.last_token = next_pos, last_token
+        self.features, self.ctx_lens, self.draft_cache = features, ctx_lens, draft_cache
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only `rows` (in that order); the others' memory is released."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        self.requests = [self.requests[r] for r in rows]
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos, self.last_token = self.mask[index], self.next_pos[index], self.last_token[index]
+        self.ctx_lens = self.ctx_lens[index]
+        if self.features is not None:
+            self.features = self.features[index]
+        if self.draft_cache is not None:
+            self.draft_cache.select(index)
+        self.trim()
+
+    def drop_finished(self) -> None:
+        active = [row for row, request in enumerate(self.requests) if not request.is_finished]
+        if len(active) != len(self.requests):
+            self.select(active)
+
+    def trim(self) -> None:
+        """Cut off leading columns that are padding in every row, and unused draft-cache capacity."""
+        if not self.requests:
+            return
+        used = self.mask.any(dim=0)
+        first = int(used.long().argmax()) if bool(used.any()) else self.width
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        if self.features is not None:
+            width = int(self.ctx_lens.max())
+            self.features = self.features[:, :width]
+        if self.draft_cache is not None:
+            shrink_draft_cache(self.draft_cache, max(r.reserved_tokens for r in self.requests))
+
+    def merge(self, other: "RunningBatch") -> None:
+        """Append the rows of `other` (a batch of newcomers) after this batch's rows."""
+        width = max(self.width, other.width)
+        self.mask = torch.cat((_pad_left(self.mask, width, False), _pad_left(other.mask, width, False)))
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat((_pad_left(mine.keys, width, 0, dim=2), _pad_left(theirs.keys, width, 0, dim=2)))
+            mine.values = torch.cat((_pad_left(mine.values, width, 0, dim=2),
+                                     _pad_left(theirs.values, width, 0, dim=2)))
+        self.requests = self.requests + other.requests
+        self.next_pos = torch.cat((self.next_pos, other.next_pos))
+        self.last_token = torch.cat((self.last_token, other.last_token))
+        self.ctx_lens = torch.cat((self.ctx_lens, other.ctx_lens))
+        if self.features is not None:
+            columns = max(self.features.shape[1], other.features.shape[1])
+            self.features = torch.cat((_pad_right(self.features, columns), _pad_right(other.features, columns)))
+        if self.draft_cache is not None:
+            concat_draft_caches(self.draft_cache, other.draft_cache)
+
+    def append_features(self, new: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Add new context rows (new[b, :new_lens[b]]) after each row's pending ones (no draft this step)."""
+        if self.features is None or not bool(self.ctx_lens.any()):
+            self.features, self.ctx_lens = new, new_lens
+            return
+        rows, width = new.shape[0], int((self.ctx_lens + new_lens).max())
+        merged = self.features.new_zeros(rows, width, new.shape[2])
+        merged[:, :self.features.shape[1]] = self.features
+        columns = self.ctx_lens[:, None] + torch.arange(new.shape[1], device=new.device)[None, :]
+        keep = torch.arange(new.shape[1], device=new.device)[None, :] < new_lens[:, None]
+        row_index = torch.arange(rows, device=new.device)[:, None].expand_as(columns)
+        merged[row_index[keep], columns[keep]] = new[keep]
+        self.features, self.ctx_lens = merged, self.ctx_lens + new_lens
+
+
+def concat_draft_caches(cache, other) -> None:
+    """Append the rows of draft cache `other` to `cache` in place (a drafter's own `concat` if it has one)."""
+    if hasattr(cache, "concat"):
+        cache.concat(other)
+        return
+    capacity = max(cache.k[0].shape[2], other.k[0].shape[2]) if cache.k else 0
+    cache.k = [torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
+               for a, b in zip(cache.k, other.k)]
+    cache.v = [torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
+               for a, b in zip(cache.v, other.v)]
+    cache.lens = torch.cat((cache.lens, other.lens))
+
+
+def shrink_draft_cache(cache, capacity: int) -> None:
+    """Release capacity no remaining row can reach (context rows stay left-aligned below lens)."""
+    if getattr(cache, "k", None) and cache.k[0].shape[2] > capacity:
+        cache.k = [t[:, :, :capacity] for t in cache.k]
+        cache.v = [t[:, :, :capacity] for t in cache.v]
+
+
+def _pad_left(tensor: torch.Tensor, width: int, value, dim: int = 1) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat((torch.full(shape, value, dtype=tensor.dtype, device=tensor.device), tensor), dim=dim)
+
+
+def _pad_right(tensor: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat((tensor, tensor.new_zeros(shape)), dim=dim)
