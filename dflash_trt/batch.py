@@ -159,7 +159,12 @@ def concat_draft_caches(cache, other) -> None:
     """Append the rows of draft cache `other` to `cache` in place (a drafter's own `concat` if it has one)."""
     if hasattr(cache, "concat"):
         cache.concat(other)
-        return
+    else:
+        concat_draft_tensors(cache, other)
+
+
+def concat_draft_tensors(cache, other) -> None:
+    """The concatenation of DraftCache's tensors (k, v per layer, lens), capacity padded to the larger."""
     capacity = max(cache.k[0].shape[2], other.k[0].shape[2]) if cache.k else 0
     cache.k = [torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
                for a, b in zip(cache.k, other.k)]

@@ -14,7 +14,7 @@ maximizes expected committed tokens per second for the current batch size B:
 - cost(B, S): the measured wall time of past steps, kept separately for plain steps (S = 1, no drafter
   call) and drafted steps, as a moving average per number of verified tokens n = B * S; a size not
   measured yet is interpolated between the nearest measured sizes (extrapolated linearly beyond them).
-- exploration: a mode never measured is tried once the batch has >= 2 rows; and every
+- exploration: the first step drafts, the second is plain (each mode measured once); then every
   `explore_every`-th decision takes a neighbour of the best size, so estimates follow the load.
 
 The choice never changes what is generated (verification is lossless at any block size), only how fast.
@@ -141,7 +141,7 @@ class AdaptiveBlockSize:
         self.decisions += 1
         if not self.drafted:
             return self.max_block_size
-        if not self.plain and batch_size >= 2:
+        if not self.plain:
             return 1
         best = self.best(batch_size)
         if self.decisions % self.explore_every == 0:

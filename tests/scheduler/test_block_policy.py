@@ -1,0 +1,113 @@
+"""The block-size policy's decisions, driven by injected step costs and acceptance (no real timing)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dflash_trt.block_policy import AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize, StepCosts, make_policy
+from dflash_trt.errors import DFlashError
+
+MAX_BLOCK = 8
+
+
+def _accepted(rate: float, block_size: int, rows: int, step: int) -> list[int]:
+    """Accepted drafts per row: each draft position accepted with probability `rate` (seeded, iid)."""
+    rng = random.Random(step)
+    out = []
+    for _row in range(rows):
+        a = 0
+        while a < block_size - 1 and rng.random() < rate:
+            a += 1
+        out.append(a)
+    return out
+
+
+def _run(policy, cost, batch_size: int, rate: float, steps: int = 400) -> list[int]:
+    chosen = []
+    for step in range(steps):
+        size = policy.choose(batch_size)
+        policy.observe(batch_size, size, cost(batch_size, size), _accepted(rate, size, batch_size, step))
+        chosen.append(size)
+    return chosen
+
+
+def gpu_like(batch_size, block_size):  # verification nearly free until many tokens: drafting pays
+    n = batch_size * block_size
+    return 0.010 + 0.00002 * n + (0.001 if block_size > 1 else 0.0)
+
+
+def cpu_like(batch_size, block_size):  # every verified token costs: drafting stops paying as the batch grows
+    n = batch_size * block_size
+    return 0.002 + 0.0010 * n + (0.003 if block_size > 1 else 0.0)
+
+
+def _true_value(cost, batch_size, block_size, rate):
+    tokens = sum(rate ** k for k in range(block_size))
+    return tokens / cost(batch_size, block_size)
+
+
+@pytest.mark.parametrize("cost, batch_size, expected", [(gpu_like, 1, {8}), (gpu_like, 32, {8}),
+                                                         (cpu_like, 1, None), (cpu_like, 32, {1})])
+def test_policy_settles_on_the_fastest_block_size(cost, batch_size, expected):
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    chosen = _run(policy, cost, batch_size, rate=0.8)
+    settled = [s for i, s in enumerate(chosen[200:], 200) if (i + 1) % 50]  # exploration steps aside
+    if expected is not None:  # (cpu_like at batch 1: plain and block 5 are within 1% of each other)
+        assert set(settled) <= expected, sorted(set(settled))
+    best = max(range(1, MAX_BLOCK + 1), key=lambda s: _true_value(cost, batch_size, s, 0.8))
+    for size in set(settled):
+        assert _true_value(cost, batch_size, size, 0.8) >= 0.97 * _true_value(cost, batch_size, best, 0.8)
+
+
+def test_policy_goes_plain_when_drafts_are_never_accepted():
+    chosen = _run(AdaptiveBlockSize(MAX_BLOCK), gpu_like, 1, rate=0.0)
+    assert chosen[0] == MAX_BLOCK and chosen[-20:].count(1) >= 19  # one exploration step in 50
+
+
+def saturating(batch_size, block_size):  # a GPU: flat until 32 tokens per step, then every token costs
+    return 0.010 + 0.001 * max(0, batch_size * block_size - 32) + (0.002 if block_size > 1 else 0.0)
+
+
+def test_policy_follows_the_batch_size_as_it_grows_and_shrinks():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=25)
+    usual = lambda chosen: max(set(chosen[-20:]), key=chosen[-20:].count)  # noqa: E731
+    small = _run(policy, saturating, 1, 0.8, steps=150)
+    large = _run(policy, saturating, 32, 0.8, steps=150)
+    small_again = _run(policy, saturating, 1, 0.8, steps=150)
+    assert usual(small) == MAX_BLOCK and usual(large) == 1 and usual(small_again) == MAX_BLOCK
+
+
+def test_a_fresh_policy_drafts_first_then_measures_plain_once_batched():
+    policy = AdaptiveBlockSize(MAX_BLOCK)
+    assert policy.choose(4) == MAX_BLOCK
+    policy.observe(4, MAX_BLOCK, 0.05, [3, 3, 3, 3])
+    assert policy.choose(4) == 1  # plain never measured: try it
+    policy.observe(4, 1, 0.01, [0, 0, 0, 0])
+    assert policy.value(4, 1) == pytest.approx(1 / 0.01)
+
+
+def test_acceptance_estimate_counts_positions_a_shorter_block_never_verified_as_unknown():
+    estimate = AcceptanceEstimate(8, prior_weight=0.0 + 1e-9, decay=1.0)
+    for _ in range(100):
+        estimate.observe(2, [1])  # block 2: the one draft always accepted; positions 2.. never verified
+    assert estimate.tokens(2) == pytest.approx(2.0)
+    estimate.observe(8, [0])  # one full block rejected at position 1
+    assert 1.9 < estimate.tokens(2) < 2.0
+
+
+def test_step_costs_interpolate_and_extrapolate():
+    costs = StepCosts(smoothing=1.0)
+    costs.observe(10, 1.0)
+    assert costs.estimate(20) == pytest.approx(2.0) and costs.estimate(5) == pytest.approx(1.0)
+    costs.observe(30, 2.0)
+    assert costs.estimate(20) == pytest.approx(1.5) and costs.estimate(50) == pytest.approx(3.0)
+
+
+def test_fixed_policy_pins_the_block_size_and_names_are_checked():
+    policy = make_policy("fixed", 4)
+    assert isinstance(policy, FixedBlockSize) and {policy.choose(b) for b in (1, 16, 64)} == {4}
+    assert isinstance(make_policy("adaptive", 4), AdaptiveBlockSize)
+    with pytest.raises(DFlashError, match="block_policy"):
+        make_policy("fastest", 4)

@@ -1,0 +1,124 @@
+"""Aborts leave within one step; batch and KV limits hold under any load; long prompts prefill in chunks."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import oracle_for
+from dflash_trt.block_policy import FixedBlockSize
+from dflash_trt.errors import DFlashError
+from dflash_trt.sampling import SamplingParams
+from dflash_trt.scheduler import Scheduler, SchedulerLimits
+
+
+def _collect(outputs, tokens, finals):
+    for out in outputs:
+        tokens.setdefault(out.index, []).extend(out.new_token_ids)
+        if out.is_final:
+            finals[out.index] = out.result.finish_reason
+
+
+def test_aborted_request_leaves_within_one_step_and_the_others_are_unchanged(pair):
+    target, _drafter, prompts, references = pair
+    drafter = oracle_for(pair, 4, [0, 1, 2, 3])
+    scheduler = Scheduler(target, drafter, 4, SchedulerLimits(max_batch_size=4), FixedBlockSize(4))
+    params = SamplingParams(max_new_tokens=30)
+    for i in range(4):
+        scheduler.add_request(prompts[i], params, request_id=i)
+    tokens, finals = {}, {}
+    while scheduler.num_running < 4:
+        _collect(scheduler.step(), tokens, finals)
+    assert scheduler.abort(2) and not scheduler.abort(2)
+    outputs = scheduler.step()
+    _collect(outputs, tokens, finals)
+    assert finals == {2: "cancelled"} and scheduler.num_running == 3
+    assert 2 not in {r.request_id for r in scheduler.running.requests}
+    assert not any(out.index == 2 and out.new_token_ids for out in outputs)
+    while scheduler.has_unfinished:
+        _collect(scheduler.step(), tokens, finals)
+    for i in (0, 1, 3):
+        assert tokens[i] == references[i][:30] and finals[i] == "length"
+    assert tokens[2] == references[2][:len(tokens[2])] and len(tokens[2]) < 30
+
+
+def test_abort_of_a_waiting_request_never_runs_it(pair):
+    target, drafter, prompts, _ = pair
+    scheduler = Scheduler(target, drafter, 8, SchedulerLimits(max_batch_size=1), FixedBlockSize(8))
+    scheduler.add_request(prompts[0], SamplingParams(max_new_tokens=5), request_id="a")
+    scheduler.add_request(prompts[1], SamplingParams(max_new_tokens=5), request_id="b")
+    scheduler.step()
+    assert scheduler.abort("b")
+    seen = []
+    while scheduler.has_unfinished:
+        seen += [(out.index, out.is_final, len(out.new_token_ids)) for out in scheduler.step()]
+    assert ("b", True, 0) in seen and not any(i == "b" and n for i, _f, n in seen)
+
+
+@pytest.mark.parametrize("max_batch, max_kv", [(3, None), (16, 160)])
+def test_running_batch_stays_within_its_limits(pair, max_batch, max_kv):
+    target, drafter, prompts, _ = pair
+    limits = SchedulerLimits(max_batch_size=max_batch, max_kv_tokens=max_kv, prefill_chunk_tokens=32)
+    scheduler = Scheduler(target, drafter, 8, limits, FixedBlockSize(8))
+    for i, prompt in enumerate(prompts * 2):  # everything arrives at once
+        scheduler.add_request(prompt[:20], SamplingParams(max_new_tokens=12), request_id=i)
+    peak, finished = 0, 0
+    while scheduler.has_unfinished:
+        finished += sum(out.is_final for out in scheduler.step())
+        rows = scheduler.running.requests if scheduler.running else []
+        peak = max(peak, len(rows))
+        assert len(rows) <= max_batch
+        if rows and max_kv is not None:
+            assert len(rows) * max(r.reserved_tokens for r in rows) <= max_kv
+            assert scheduler.running.width <= max(r.reserved_tokens for r in rows)
+            assert scheduler.running.draft_cache.k[0].shape[2] <= max(r.reserved_tokens for r in rows)
+    assert finished == 2 * len(prompts) and peak >= 3
+
+
+def test_is_full_holds_new_requests_back(pair):
+    target, drafter, prompts, _ = pair
+    scheduler = Scheduler(target, drafter, 8, SchedulerLimits(max_batch_size=2), FixedBlockSize(8))
+    scheduler.add_request(prompts[0], SamplingParams(max_new_tokens=3))
+    assert not scheduler.is_full
+    scheduler.add_request(prompts[1], SamplingParams(max_new_tokens=3))
+    assert scheduler.is_full
+    while scheduler.has_unfinished:
+        scheduler.step()
+    assert not scheduler.is_full and scheduler.num_requests == 0
+
+
+def test_request_larger_than_the_kv_budget_is_refused_alone(pair):
+    target, drafter, prompts, _ = pair
+    scheduler = Scheduler(target, drafter, 8, SchedulerLimits(max_kv_tokens=50), FixedBlockSize(8))
+    with pytest.raises(DFlashError, match="exceed max_kv_tokens 50"):
+        scheduler.add_request(prompts[2], SamplingParams(max_new_tokens=30))
+    with pytest.raises(DFlashError, match="empty"):
+        scheduler.add_request([], SamplingParams())
+    assert scheduler.num_requests == 0
+
+
+def test_long_prompt_prefills_in_bounded_chunks_while_others_keep_streaming(pair):
+    target, drafter, prompts, references = pair
+    scheduler = Scheduler(target, drafter, 4, SchedulerLimits(prefill_chunk_tokens=8), FixedBlockSize(4))
+    scheduler.add_request(prompts[0], SamplingParams(max_new_tokens=30), request_id="short")
+    while scheduler.num_running == 0:
+        scheduler.step()
+    calls = []
+    forward = target.forward
+
+    def spy(token_ids, *args, **kwargs):
+        calls.append((tuple(token_ids.shape), kwargs.get("last_only", False)))
+        return forward(token_ids, *args, **kwargs)
+
+    target.forward = spy
+    try:
+        scheduler.add_request(prompts[2], SamplingParams(max_new_tokens=4), request_id="long")  # 40 tokens
+        streamed = 0
+        while scheduler.num_running < 2 and scheduler.has_unfinished:
+            calls.clear()
+            outputs = scheduler.step()
+            streamed += any(out.index == "short" and out.new_token_ids for out in outputs)
+            prefill_tokens = sum(rows * cols for (rows, cols), last_only in calls if last_only)
+            assert prefill_tokens <= 8
+    finally:
+        target.forward = forward
+    assert streamed >= 40 // 8 - 1  # the short request committed tokens during the long one's prefill
