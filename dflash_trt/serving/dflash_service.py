@@ -2,8 +2,13 @@
 
 One response sender per request. With stream=true every decoding step that releases tokens sends
 one response at once; otherwise a single response carries everything. The final flag always goes
-out from a `finally` block, so an exception or a cancellation never leaves a client waiting.
-Cancellation is checked between decoding steps.
+out, so an exception or a cancellation never leaves a client waiting. Cancellation is checked
+between decoding steps.
+
+Local runtimes (`new_scheduler`) batch in flight: every request of the instance runs in one scheduler
+driven by a BatchLoop thread (batch_loop.py); `execute` takes every request Triton hands it and
+returns once the batch has room, so a full batch leaves further requests in Triton's queue. Other
+runtimes (TensorRT-LLM, which batches itself) get a thread per request that drives `steps`.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.serving.batch_loop import BatchLoop, Job
 from dflash_trt.serving.cancellation import CancelBoard
-from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
+from dflash_trt.serving.generation import Cancelled, Chunk, ChunkStream, Stats, chunks, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
+from dflash_trt.serving.runtime import sampling_params
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
 INPUTS = {
@@ -65,21 +72,59 @@ class DFlashService:
         self.pb, self.runtime, self.limits, self.metrics = pb, runtime, limits, metrics
         self.board = board or CancelBoard()
         self.logger = logger
+        self._loop = BatchLoop(runtime, logger) if hasattr(runtime, "new_scheduler") else None
         workers = getattr(runtime, "max_concurrent_requests", 1)
-        # Local runtimes serve one request at a time (concurrency = instance count); TensorRT-LLM
-        # batches in flight, so its requests each get a thread that waits on the LLM API.
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dflash") if workers > 1 else None
+        # TensorRT-LLM batches in flight itself: its requests each get a thread that waits on the LLM API.
+        self._pool = (ThreadPoolExecutor(workers, thread_name_prefix="dflash")
+                      if workers > 1 and self._loop is None else None)
         self._in_flight = 0
         self._idle = threading.Condition()
         vocab = getattr(getattr(runtime, "tokenizer", None), "__len__", None)
         self.vocab_size = vocab() if vocab else None
 
     def execute(self, requests) -> None:
+        if self._loop is not None:
+            for request in requests:
+                self.submit(request)
+            self._loop.wait_for_room()
+            return
         for request in requests:
             if self._pool is not None:
                 self._pool.submit(self.handle, request)
             else:
                 self.handle(request)
+
+    def submit(self, request) -> None:
+        """Hand one request to the batch loop; a bad request is answered here with its error."""
+        pb = self.pb
+        sender = request.get_response_sender()
+        generation_id = self.board.new_id()
+        self._enter()
+
+        def done() -> None:
+            self.board.clear(generation_id)
+            self._leave()
+
+        try:
+            gen, prompt_ids = parse_token_request(read_inputs(pb, request, INPUTS), self.limits, self.vocab_size)
+            end_ids = request_end_ids(gen, self.runtime.default_end_ids)
+            params = sampling_params(gen, end_ids)
+        except DFlashError as error:
+            sender.send(error_response(pb, str(error)), flags=_final(pb))
+            done()
+            return
+        stats = Stats(self.runtime.block_size)
+        on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
+        self._loop.submit(Job(
+            request_id=generation_id, prompt_ids=prompt_ids, params=params,
+            stream=ChunkStream(gen, prompt_ids, self.runtime.tokenizer, stats, end_ids, on_step), stats=stats,
+            send=lambda chunk: sender.send(response(pb, chunk_outputs(chunk, generation_id)),
+                                           flags=_final(pb) if chunk.is_final else 0),
+            fail=lambda message: sender.send(error_response(pb, message), flags=_final(pb)),
+            end=lambda: self._send_final(sender),
+            # Direct requests see their own cancellation; ensemble requests only through the board.
+            is_cancelled=lambda: sender.is_cancelled() or self.board.is_marked(generation_id),
+            on_done=done))
 
     def handle(self, request) -> None:
         pb = self.pb
@@ -140,6 +185,8 @@ class DFlashService:
             drained = self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            self._loop.close()
         self.runtime.close()
         self.board.remove_if_empty()
         return drained

@@ -79,42 +79,63 @@ def until_cancelled(steps: Iterable[Step], is_cancelled) -> Iterator[Step]:
             raise Cancelled()
 
 
-def chunks(request: GenerationRequest, prompt_ids: list[int], steps: Iterable[Step], tokenizer,
-           stats: Stats, end_ids: Iterable[int] = (), on_step=None) -> Iterator[Chunk]:
-    """Chunks of one request; the last one has is_final=True.
+class ChunkStream:
+    """The chunks of one request, fed one step at a time: `push(step)` returns the chunk it releases
+    (or None); `done` once the final chunk went out (after an end id, a stop word, or the final step).
 
     end_ids: the ids that end generation (kept out of the output). on_step(step, num_released) is
     called after every decoding step (metrics).
     """
-    end_ids = set(end_ids)
-    matcher = StopMatcher(tokenizer, request.stop_words)
-    window = ChunkWindow()
-    released_all: list[int] = []
-    finish_reason = ""
-    for step in steps:
+
+    def __init__(self, request: GenerationRequest, prompt_ids: list[int], tokenizer, stats: Stats,
+                 end_ids: Iterable[int] = (), on_step=None):
+        self.request, self.prompt_ids, self.stats, self.on_step = request, prompt_ids, stats, on_step
+        self.end_ids = set(end_ids)
+        self.matcher = StopMatcher(tokenizer, request.stop_words)
+        self.window = ChunkWindow()
+        self.released_all: list[int] = []
+        self.done = False
+
+    def push(self, step: Step) -> Chunk | None:
+        request, stats, matcher = self.request, self.stats, self.matcher
         stats.add_step(step.acceptance_length, step.num_draft_tokens)
         released = []
         for token in step.new_token_ids:
-            if step.is_final and step.finish_reason == "stop" and token in end_ids:
+            if step.is_final and step.finish_reason == "stop" and token in self.end_ids:
                 continue
             released += matcher.push(token)
             if matcher.stopped:
                 break
+        finish_reason = ""
         if matcher.stopped:
             finish_reason = "stop"
         elif step.is_final:
             finish_reason = step.finish_reason or "length"
             released += matcher.flush()
         stats.num_output_tokens += len(released)
-        if on_step is not None:
-            on_step(step, len(released))
-        released_all += released
+        if self.on_step is not None:
+            self.on_step(step, len(released))
+        self.released_all += released
         if finish_reason:
-            yield _final_chunk(request, window, released, released_all, prompt_ids, finish_reason, stats)
-            return
+            self.done = True
+            return _final_chunk(request, self.window, released, self.released_all, self.prompt_ids, finish_reason,
+                                stats)
         if request.stream and released:
-            ids, num_context = window.add(released)
-            yield Chunk(ids, num_context, released, False, "", stats)
+            ids, num_context = self.window.add(released)
+            return Chunk(ids, num_context, released, False, "", stats)
+        return None
+
+
+def chunks(request: GenerationRequest, prompt_ids: list[int], steps: Iterable[Step], tokenizer,
+           stats: Stats, end_ids: Iterable[int] = (), on_step=None) -> Iterator[Chunk]:
+    """Chunks of one request pulled from its steps (ChunkStream); the last one has is_final=True."""
+    stream = ChunkStream(request, prompt_ids, tokenizer, stats, end_ids, on_step)
+    for step in steps:
+        chunk = stream.push(step)
+        if chunk is not None:
+            yield chunk
+        if stream.done:
+            return
 
 
 def _final_chunk(request, window, released, released_all, prompt_ids, finish_reason, stats) -> Chunk:

@@ -1,13 +1,15 @@
 """The decoding backends the dflash model drives, chosen by the engine manifest's `runtime`.
 
-Each backend turns (prompt ids, request, end ids) into `Step`s. torch, onnx and tensorrt run the
-project's own speculative loop (`stream_generate`) with the target in PyTorch and the drafter from
-the engine's artifacts; trtllm drives TensorRT-LLM's LLM API (see trtllm_runtime.py).
+torch, onnx and tensorrt run the project's own speculative loop with the target in PyTorch and the
+drafter from the engine's artifacts: `new_scheduler()` gives the in-flight batching scheduler that the
+dflash model drives (batch_loop.py), and `steps()` one request's steps alone. trtllm drives
+TensorRT-LLM's LLM API, which batches in flight itself (see trtllm_runtime.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -18,15 +20,32 @@ from dflash_trt.serving.requests import GenerationRequest
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
 
 
+def _default_limits():
+    from dflash_trt.scheduler import SchedulerLimits
+
+    return SchedulerLimits()
+
+
 @dataclass
 class LocalRuntime:
-    """Target and drafter in this process; one request at a time per model instance."""
+    """Target and drafter in this process; requests batch in flight in one scheduler per model instance."""
 
     target: object  # dflash_trt.target.TargetModel
     drafter: object  # a DFlash drafter (PyTorch module, or the ONNX/TensorRT twin)
-    block_size: int
+    block_size: int  # the largest block a step verifies (1: plain decoding)
     default_end_ids: tuple[int, ...] = ()
     max_concurrent_requests: int = 1
+    limits: object = field(default_factory=_default_limits)  # dflash_trt.scheduler.SchedulerLimits
+    block_policy: str = "adaptive"  # or "fixed": every step verifies block_size (block_policy.py)
+
+    def new_scheduler(self):
+        """A scheduler over this runtime's pair, with its limits and block-size policy."""
+        from dflash_trt.block_policy import make_policy
+        from dflash_trt.scheduler import Scheduler
+
+        drafter = self.drafter if self.block_size > 1 else None
+        return Scheduler(self.target, drafter, self.block_size, self.limits,
+                         make_policy(self.block_policy, self.block_size))
 
     @property
     def tokenizer(self):
@@ -38,11 +57,16 @@ class LocalRuntime:
 
         for out in stream_generate(self.target, self.drafter, prompt_ids, sampling_params(request, end_ids),
                                    block_size=self.block_size):
-            reason = out.result.finish_reason if out.is_final else ""
-            yield Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason)
+            yield step_of(out)
 
     def close(self) -> None:
         pass
+
+
+def step_of(out) -> Step:
+    """A decoding StepOutput as the Step the dflash model turns into chunks."""
+    reason = out.result.finish_reason if out.is_final else ""
+    return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens)
 
 
 def sampling_params(request: GenerationRequest, end_ids):
@@ -52,11 +76,20 @@ def sampling_params(request: GenerationRequest, end_ids):
                           top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids))
 
 
-def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0):
+def default_num_threads(instances: int, cpus: int | None = None) -> int:
+    """Torch threads per model instance so that instances x threads never exceeds the cores."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, instances))
+
+
+def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,
+                 block_policy: str = "adaptive", limits=None):
     """Load the engine through its manifest and return the runtime it names.
 
     block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
-    (the baseline the serving benchmark compares with, served the same way).
+    (the baseline the serving benchmark compares with, served the same way). block_policy: "adaptive"
+    picks each step's block size up to that one, "fixed" pins it. limits: SchedulerLimits of the batch.
     """
     from dflash_trt.engine import load_engine
 
@@ -77,7 +110,11 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     if block_size > engine.block_size:
         raise DFlashError(f"{engine_dir}: block_size {block_size} exceeds the engine's {engine.block_size}")
     drafter = _drafter(engine) if block_size > 1 else None
-    return LocalRuntime(engine.target, drafter, block_size, default_end_ids(engine.target))
+    from dflash_trt.block_policy import make_policy
+
+    make_policy(block_policy, block_size)  # a bad name fails at load, not at the first request
+    return LocalRuntime(engine.target, drafter, block_size, default_end_ids(engine.target),
+                        limits=limits if limits is not None else _default_limits(), block_policy=block_policy)
 
 
 def _drafter(engine):
