@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     parser.add_argument("--max-tokens-limit", type=int, help="largest max_tokens accepted (default: min(4096, context))")
     parser.add_argument("--max-context-tokens", type=int, help="prompt + max_tokens limit (default: the engine's)")
     parser.add_argument("--instances", type=int, default=defaults.dflash_instances,
-                        help=f"dflash model instances, i.e. concurrent generations (default: {defaults.dflash_instances})")
+                        help="dflash model instances; each batches up to --max-batch-sequences requests in flight "
+                             f"(default: {defaults.dflash_instances})")
     parser.add_argument("--preprocessing-instances", type=int, default=defaults.preprocessing_instances)
     parser.add_argument("--postprocessing-instances", type=int, default=defaults.postprocessing_instances)
     parser.add_argument("--max-queue-size", type=int, default=defaults.max_queue_size,
@@ -29,9 +30,21 @@ def register(subparsers) -> None:
                         help="reject requests that waited longer (microseconds; default 0: wait as long as needed)")
     parser.add_argument("--device", default=defaults.device, help="device of local runtimes: cpu (default) or cuda")
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
-                        help="torch CPU threads per dflash instance (default 0: torch's choice)")
+                        help="torch CPU threads per dflash instance (default 0: the usable cores divided among "
+                             "the instances, so instances x threads never exceeds the cores)")
     parser.add_argument("--block-size", type=int, default=defaults.block_size,
-                        help="draft block size served (default 0: the engine's; 1: plain decoding)")
+                        help="largest draft block a step verifies (default 0: the engine's; 1: plain decoding)")
+    parser.add_argument("--block-policy", choices=("adaptive", "fixed"), default=defaults.block_policy,
+                        help="adaptive (default): each step's block size from measured step costs and acceptance; "
+                             "fixed: every step verifies --block-size")
+    parser.add_argument("--max-batch-sequences", type=int, default=defaults.max_batch_sequences,
+                        help=f"requests one instance decodes together (default: {defaults.max_batch_sequences})")
+    parser.add_argument("--max-kv-tokens", type=int, default=defaults.max_kv_tokens,
+                        help="KV-cache bound of one instance: rows x longest (prompt + max_tokens + block) "
+                             "(default 0: 32768, or one full context when that is larger)")
+    parser.add_argument("--prefill-chunk-tokens", type=int, default=defaults.prefill_chunk_tokens,
+                        help="prompt tokens prefilled per decoding step (default: "
+                             f"{defaults.prefill_chunk_tokens})")
     parser.set_defaults(func=run)
 
 
@@ -45,7 +58,8 @@ def run(args) -> int:
         dflash_instances=args.instances, preprocessing_instances=args.preprocessing_instances,
         postprocessing_instances=args.postprocessing_instances, max_queue_size=args.max_queue_size,
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
-        block_size=args.block_size,
+        block_size=args.block_size, block_policy=args.block_policy, max_batch_sequences=args.max_batch_sequences,
+        max_kv_tokens=args.max_kv_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

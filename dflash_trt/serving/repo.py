@@ -19,6 +19,8 @@ from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
 MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
 DEFAULT_MAX_TOKENS = 4096
+DEFAULT_MAX_KV_TOKENS = 32768  # or one full context, when that is larger
+BLOCK_POLICIES = ("adaptive", "fixed")
 
 
 @dataclass
@@ -37,14 +39,22 @@ class RepoConfig:
     max_queue_size: int = 64  # requests waiting for a dflash instance; more are rejected
     queue_timeout_us: int = 0  # 0: a request waits as long as it takes
     device: str = "cpu"
-    num_threads: int = 0  # torch CPU threads per dflash instance; 0: torch's default
+    num_threads: int = 0  # torch CPU threads per dflash instance; 0: the cores divided among the instances
     block_size: int = 0  # 0: the engine's; smaller overrides it, 1 = plain decoding (benchmark baseline)
+    block_policy: str = "adaptive"  # each step's block size from measured costs; "fixed": always block_size
+    # In-flight batching of each dflash instance (dflash_trt/scheduler.py).
+    max_batch_sequences: int = 16  # sequences decoding together; more wait in Triton's queue
+    max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
+    prefill_chunk_tokens: int = 512  # prompt tokens prefilled per step: the stall a newcomer adds
 
     def validate(self) -> None:
-        for name in ("dflash_instances", "preprocessing_instances", "postprocessing_instances", "max_queue_size"):
+        if self.block_policy not in BLOCK_POLICIES:
+            raise DFlashError(f"block_policy must be one of {', '.join(BLOCK_POLICIES)}, got {self.block_policy!r}")
+        for name in ("dflash_instances", "preprocessing_instances", "postprocessing_instances", "max_queue_size",
+                     "max_batch_sequences", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_us", "num_threads", "block_size"):
+        for name in ("queue_timeout_us", "num_threads", "block_size", "max_kv_tokens"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -74,6 +84,10 @@ def render_repository(config: RepoConfig) -> Path:
     max_tokens = config.max_tokens_limit or min(max_tokens, context - 1)
     if not 1 <= max_tokens < context:
         raise DFlashError(f"max_tokens_limit {max_tokens} must be in [1, {context}) (the context)")
+    max_kv_tokens = config.max_kv_tokens or max(DEFAULT_MAX_KV_TOKENS, context + engine.block_size)
+    if max_kv_tokens < context + engine.block_size:
+        raise DFlashError(f"max_kv_tokens {config.max_kv_tokens} must hold one full context "
+                          f"({context} + block {engine.block_size})")
     values = {
         "engine_dir": pbtxt_string(config.engine_path or str(Path(config.engine_dir).resolve())),
         "chat_template": pbtxt_string(chat_template_value(config.chat_template)),
@@ -87,6 +101,10 @@ def render_repository(config: RepoConfig) -> Path:
         "device": "cuda" if engine.runtime == "trtllm" else config.device,
         "num_threads": config.num_threads,
         "block_size": config.block_size,
+        "block_policy": config.block_policy,
+        "max_batch_sequences": config.max_batch_sequences,
+        "max_kv_tokens": max_kv_tokens,
+        "prefill_chunk_tokens": config.prefill_chunk_tokens,
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

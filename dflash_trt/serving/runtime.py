@@ -8,6 +8,7 @@ TensorRT-LLM's LLM API, which batches in flight itself (see trtllm_runtime.py).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,11 +77,21 @@ def sampling_params(request: GenerationRequest, end_ids):
                           top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids))
 
 
+def usable_cpus() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
 def default_num_threads(instances: int, cpus: int | None = None) -> int:
     """Torch threads per model instance so that instances x threads never exceeds the cores."""
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // max(1, instances))
+    return max(1, (cpus or usable_cpus()) // max(1, instances))
 
 
 def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,

@@ -74,3 +74,9 @@ def check_tensors(model_config: dict, model: str, expected_inputs: dict, expecte
                 raise ValueError(f"model '{model}': unknown {kind} '{name}' in config")
             if data_type != expected[name]:
                 raise ValueError(f"model '{model}': {kind} '{name}' is {data_type}, expected {expected[name]}")
+
+
+def instance_count(model_config: dict) -> int:
+    """Instances of the model in this server (the sum over its instance groups; 1 when none is given)."""
+    groups = model_config.get("instance_group") or []
+    return max(1, sum(int(group.get("count", 1)) for group in groups))

@@ -90,3 +90,31 @@ def test_a_missing_engine_is_a_clear_error(tmp_path):
 
 def test_pbtxt_strings_escape_quotes_and_newlines():
     assert pbtxt_string('a "b"\n\\c') == 'a \\"b\\"\\n\\\\c'
+
+
+def test_in_flight_batching_limits_have_defaults_and_options(repo, tiny_engine, tmp_path):
+    params = {k: v.string_value for k, v in repo[1]["dflash"].parameters.items()}
+    assert (params["block_policy"], params["max_batch_sequences"], params["prefill_chunk_tokens"]) == (
+        "adaptive", "16", "512")
+    assert int(params["max_kv_tokens"]) >= int(params["max_context_tokens"])
+    render_repository(RepoConfig(tiny_engine, tmp_path, block_policy="fixed", max_batch_sequences=4,
+                                 max_kv_tokens=9000, prefill_chunk_tokens=64))
+    params = {k: v.string_value for k, v in load_config(tmp_path / "dflash" / "config.pbtxt").parameters.items()}
+    assert (params["block_policy"], params["max_batch_sequences"], params["max_kv_tokens"],
+            params["prefill_chunk_tokens"]) == ("fixed", "4", "9000", "64")
+
+
+@pytest.mark.parametrize("bad, message", [(dict(block_policy="fast"), "block_policy must be one of"),
+                                          (dict(max_batch_sequences=0), "max_batch_sequences must be >= 1"),
+                                          (dict(max_kv_tokens=100), "must hold one full context")])
+def test_bad_batching_limits_are_refused(tiny_engine, tmp_path, bad, message):
+    with pytest.raises(DFlashError, match=message):
+        render_repository(RepoConfig(tiny_engine, tmp_path, **bad))
+
+
+def test_default_threads_never_oversubscribe_the_cores():
+    from dflash_trt.serving.runtime import default_num_threads, usable_cpus
+
+    assert default_num_threads(1, cpus=2) == 2 and default_num_threads(2, cpus=2) == 1
+    assert default_num_threads(3, cpus=2) == 1 and default_num_threads(2, cpus=16) == 8
+    assert 1 <= default_num_threads(1) == usable_cpus()

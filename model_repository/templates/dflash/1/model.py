@@ -4,7 +4,8 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.serving import dflash_service, requests, triton_io
 from dflash_trt.serving.metrics import DFlashMetrics
-from dflash_trt.serving.runtime import open_runtime
+from dflash_trt.scheduler import SchedulerLimits
+from dflash_trt.serving.runtime import default_num_threads, open_runtime
 
 
 class TritonPythonModel:
@@ -21,8 +22,10 @@ class TritonPythonModel:
     carries the final flag. Cancellation (the request's own, or marked on the cancel board by
     postprocessing for ensemble requests) is checked between steps.
     Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
-    device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default), block_size
-    (0 = the engine's, 1 = plain decoding).
+    device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = the usable cores divided among the
+    instances), block_size (0 = the engine's, 1 = plain decoding), block_policy ("adaptive" or "fixed"),
+    max_batch_sequences, max_kv_tokens, prefill_chunk_tokens (the in-flight batch of each instance;
+    see dflash_trt/scheduler.py). Every request Triton hands to one execute joins the batch.
     Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
     """
 
@@ -37,9 +40,20 @@ class TritonPythonModel:
             max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
             max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
         )
-        runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu",
-                               num_threads=triton_io.int_parameter(params, "num_threads", 0, name),
-                               block_size=triton_io.int_parameter(params, "block_size", 0, name))
+        num_threads = triton_io.int_parameter(params, "num_threads", 0, name)
+        if num_threads <= 0 and (params.get("device") or "cpu") == "cpu":
+            num_threads = default_num_threads(triton_io.instance_count(config))
+        scheduler_defaults = SchedulerLimits()
+        scheduler_limits = SchedulerLimits(
+            max_batch_size=triton_io.int_parameter(params, "max_batch_sequences", scheduler_defaults.max_batch_size,
+                                                   name),
+            max_kv_tokens=triton_io.int_parameter(params, "max_kv_tokens", scheduler_defaults.max_kv_tokens, name),
+            prefill_chunk_tokens=triton_io.int_parameter(params, "prefill_chunk_tokens",
+                                                         scheduler_defaults.prefill_chunk_tokens, name),
+        )
+        runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu", num_threads=num_threads,
+                               block_size=triton_io.int_parameter(params, "block_size", 0, name),
+                               block_policy=params.get("block_policy") or "adaptive", limits=scheduler_limits)
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
         self.service = dflash_service.DFlashService(pb_utils, runtime, limits, self.metrics, pb_utils.Logger)
 
