@@ -25,9 +25,13 @@ class BenchConfig:
     chat: bool = True  # wrap prompts in the tokenizer's chat template (as the drafter was trained)
     num_threads: int = 0  # torch CPU threads in process and per dflash instance; 0: torch's choice
     serving: bool = True
-    concurrency: tuple[int, ...] = (1, 4, 16)
+    concurrency: tuple[int, ...] = (1, 4, 16, 32)
     duration_s: float = 30.0  # per concurrency level; requests started before the end are awaited
-    instances: int = 2  # dflash model instances of each served repository
+    instances: int = 1  # dflash model instances of each served repository (each batches in flight)
+    # "Throughput at fixed interactivity": the best total tok/s of a level where every request still got
+    # at least this many tok/s of its own.
+    min_user_tokens_per_s: float = 10.0
+    sequential_baseline: bool = False  # also serve DFlash one request at a time (max_batch_sequences 1)
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 600.0
 
@@ -41,6 +45,8 @@ class BenchConfig:
             raise DFlashError(f"block sizes must be >= 2 (1 is the baseline, always run), got {self.block_sizes}")
         if not self.concurrency or any(level < 1 for level in self.concurrency):
             raise DFlashError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if self.min_user_tokens_per_s < 0:
+            raise DFlashError(f"min_user_tokens_per_s must be >= 0, got {self.min_user_tokens_per_s}")
         if self.duration_s <= 0:
             raise DFlashError(f"duration_s must be > 0, got {self.duration_s}")
 

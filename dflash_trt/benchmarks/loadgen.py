@@ -6,7 +6,8 @@ Latency definitions (per request, then pooled over the requests of one level):
 - inter-token latency (ITL): the gap between two responses divided over the tokens of the later one,
   one sample per token, so a DFlash chunk of 5 tokens after 50 ms counts as 5 tokens at 10 ms;
 - time per output token (TPOT): (end - first token) / (tokens - 1), averaged over requests;
-- output tokens/s: tokens of the successful requests / (last completion - start of the level).
+- output tokens/s: tokens of the successful requests / (last completion - start of the level);
+- user tokens/s: one request's tokens / its own time from sending to the last token (what one user sees).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class RequestRecord:
         return not self.error
 
     @property
+    def user_tokens_per_s(self) -> float | None:
+        elapsed = self.end_s - self.start_s
+        return self.num_output_tokens / elapsed if elapsed > 0 and self.num_output_tokens else None
+
+    @property
     def tpot_s(self) -> float | None:
         if self.ttft_s is None or self.num_output_tokens < 2:
             return None
@@ -62,6 +68,7 @@ class LoadLevel:
         gaps = [g for r in ok for g in r.token_gaps_s]
         tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
         errors = [r.error for r in self.records if not r.ok]
+        users = [r.user_tokens_per_s for r in ok if r.user_tokens_per_s is not None]
         return {
             "concurrency": self.concurrency,
             "duration_s": self.duration_s,
@@ -74,6 +81,7 @@ class LoadLevel:
             "ttft_ms": _percentiles(ttft),
             "itl_ms": _percentiles(gaps),
             "tpot_ms": 1e3 * statistics.fmean(tpot) if tpot else None,
+            "user_tokens_per_s": {"min": min(users), "p50": percentile(users, 50)} if users else None,
         }
 
 

@@ -1,6 +1,10 @@
 """Serving load test: the same engine served twice through the real Triton ensemble, once with DFlash
-(the engine's block size) and once with plain decoding (repository block_size 1), one server at a time,
-with the same repository settings and the same requests.
+(the engine's block size, adaptive per step) and once with plain decoding (repository block_size 1),
+both batched in flight, one server at a time, with the same repository settings and the same requests.
+Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
+
+Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
+level at which every request still got at least min_user_tokens_per_s tok/s of its own.
 """
 
 from __future__ import annotations
@@ -12,30 +16,50 @@ from typing import Callable
 from .config import BenchConfig
 from .loadgen import run_level
 
-# Mode -> the repository's block_size (0: the engine's).
-MODES = {"dflash": 0, "plain": 1}
+# Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
+MODES = {"dflash": (0, 0), "plain": (1, 0)}
+SEQUENTIAL = {"dflash-sequential": (0, 1)}
 WARMUP_TOKENS = 8
 
 
 def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], None] = print) -> dict:
-    """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio}} for each concurrency."""
+    """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio},
+    "goodput": {"min_user_tokens_per_s": X, mode: {"level", "output_tokens_per_s"} or None, "ratio"}}."""
     results: dict = {}
+    modes = {**MODES, **(SEQUENTIAL if config.sequential_baseline else {})}
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch:
-        for mode, block_size in MODES.items():
-            repo = _render(config, Path(scratch) / mode, block_size)
+        for mode, (block_size, max_batch) in modes.items():
+            repo = _render(config, Path(scratch) / mode, block_size, max_batch)
             results[mode] = _serve_and_load(config, repo, mode, prompts, log)
     results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
                           for level in results["dflash"]}
+    goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
+    both = goodput["dflash"] and goodput["plain"]
+    goodput["ratio"] = (goodput["dflash"]["output_tokens_per_s"] / goodput["plain"]["output_tokens_per_s"]
+                        if both and goodput["plain"]["output_tokens_per_s"] else None)
+    results["goodput"] = {"min_user_tokens_per_s": config.min_user_tokens_per_s, **goodput}
     return results
 
 
-def _render(config: BenchConfig, out: Path, block_size: int) -> Path:
+def best_at_interactivity(levels: dict, min_user_tokens_per_s: float) -> dict | None:
+    """The level with the most output tok/s among those where every request got >= the floor."""
+    fine = [(level, r) for level, r in levels.items()
+            if r["num_errors"] == 0 and r.get("user_tokens_per_s")
+            and r["user_tokens_per_s"]["min"] >= min_user_tokens_per_s]
+    if not fine:
+        return None
+    level, best = max(fine, key=lambda item: item[1]["output_tokens_per_s"])
+    return {"level": int(level), "output_tokens_per_s": best["output_tokens_per_s"]}
+
+
+def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> Path:
     from ..serving.repo import RepoConfig, render_repository
 
+    batch = {"max_batch_sequences": max_batch} if max_batch else {"max_batch_sequences": max(config.concurrency)}
     return render_repository(RepoConfig(
         engine_dir=config.engine, out=out, chat_template="model" if config.chat else "none",
         dflash_instances=config.instances, max_queue_size=max(64, 4 * max(config.concurrency)),
-        num_threads=config.num_threads, block_size=block_size))
+        num_threads=config.num_threads, block_size=block_size, **batch))
 
 
 def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:

@@ -27,14 +27,21 @@ def register(subparsers) -> None:
     parser.add_argument("--no-chat", dest="chat", action="store_false",
                         help="feed prompts verbatim instead of through the tokenizer's chat template")
     parser.add_argument("--num-threads", type=int, default=d.num_threads,
-                        help="torch CPU threads in process and per served instance (default 0: torch's choice)")
+                        help="torch CPU threads in process and per served instance (default 0: in process "
+                             "torch's choice, served: the cores divided among the instances)")
     parser.add_argument("--no-serving", dest="serving", action="store_false", help="skip the Triton load test")
     parser.add_argument("--concurrency", type=int_list, default=d.concurrency,
-                        help="concurrency levels (default: 1,4,16)")
+                        help="concurrency levels (default: 1,4,16,32)")
     parser.add_argument("--duration", type=float, default=d.duration_s,
                         help="seconds per concurrency level (default: %(default)s)")
     parser.add_argument("--instances", type=int, default=d.instances,
-                        help="dflash model instances per served repository (default: %(default)s)")
+                        help="dflash model instances per served repository, each batching in flight "
+                             "(default: %(default)s)")
+    parser.add_argument("--min-user-tokens-per-s", type=float, default=d.min_user_tokens_per_s,
+                        help="interactivity floor X: report the best total tok/s at which every request still "
+                             "gets >= X tok/s (default: %(default)s)")
+    parser.add_argument("--sequential-baseline", action="store_true",
+                        help="also serve DFlash one request at a time (max_batch_sequences 1)")
     parser.set_defaults(func=run)
 
 
@@ -50,7 +57,8 @@ def run(args) -> int:
         engine=args.engine, out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
-        duration_s=args.duration, instances=args.instances)
+        duration_s=args.duration, instances=args.instances, min_user_tokens_per_s=args.min_user_tokens_per_s,
+        sequential_baseline=args.sequential_baseline)
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))

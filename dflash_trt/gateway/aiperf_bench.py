@@ -51,7 +51,7 @@ class AiperfConfig:
     prompts_dir: Path = Path("data/prompts")
     compare_plain: bool = True  # also serve with block size 1 (plain decoding) under the same load
     num_threads: int = 0  # torch threads per dflash instance (0: torch's choice)
-    instances: int = 2  # dflash model instances (concurrent generations), as `make bench` serves
+    instances: int = 1  # dflash model instances (each batches in flight), as `make bench` serves
     ready_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plain", dest="compare_plain", action="store_false",
                         help="skip the plain-decoding (block size 1) run that DFlash is compared with")
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
-                        help="torch threads per dflash instance (default 0: torch's choice)")
+                        help="torch threads per dflash instance (default 0: the cores divided among the instances)")
     parser.add_argument("--instances", type=int, default=defaults.instances,
                         help="dflash model instances per served repository (default: %(default)s)")
     parser.add_argument("--venv", type=Path, default=defaults.venv, help="AIPerf's own venv (default: .venv-aiperf)")

@@ -61,3 +61,26 @@ def test_an_unreachable_server_is_an_error_not_a_crash():
 @pytest.mark.parametrize("q, expected", [(0, 1.0), (50, 2.5), (100, 4.0)])
 def test_percentile_interpolates(q, expected):
     assert percentile([4.0, 1.0, 3.0, 2.0], q) == expected
+
+
+def test_best_throughput_at_interactivity_keeps_levels_where_every_user_gets_the_floor():
+    from dflash_trt.benchmarks.serving import best_at_interactivity
+
+    def level(total, user_min, errors=0):
+        return {"output_tokens_per_s": total, "num_errors": errors, "user_tokens_per_s": {"min": user_min, "p50": 0}}
+
+    levels = {"1": level(50, 50), "4": level(150, 30), "16": level(300, 12), "32": level(320, 6)}
+    assert best_at_interactivity(levels, 10) == {"level": 16, "output_tokens_per_s": 300}
+    assert best_at_interactivity(levels, 40) == {"level": 1, "output_tokens_per_s": 50}
+    assert best_at_interactivity(levels, 60) is None
+    levels["16"]["num_errors"] = 1
+    assert best_at_interactivity(levels, 10) == {"level": 4, "output_tokens_per_s": 150}
+
+
+def test_user_tokens_per_s_is_each_requests_own_rate():
+    from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
+
+    records = [RequestRecord(0.0, 2.0, num_output_tokens=10, ttft_s=0.5), RequestRecord(1.0, 2.0, num_output_tokens=4,
+                                                                                        ttft_s=0.2)]
+    summary = LoadLevel(2, 2.0, records).summary()
+    assert summary["user_tokens_per_s"] == {"min": 4.0, "p50": 4.5}

@@ -72,4 +72,4 @@ def test_rejects_an_unknown_family(bench_engine, bench_prompts, tmp_path, capsys
 def test_default_sweep_doubles_up_to_the_drafters_block_size():
     assert default_block_sizes(16) == (2, 4, 8, 16)
     assert default_block_sizes(10) == (2, 4, 8, 10)
-    assert BenchConfig().concurrency == (1, 4, 16)
+    assert BenchConfig().concurrency == (1, 4, 16, 32) and BenchConfig().instances == 1

@@ -10,14 +10,15 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.run import run_bench
 
 LEVEL_KEYS = {"concurrency", "duration_s", "num_requests", "num_errors", "error_examples", "output_tokens",
-              "output_tokens_per_s", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms"}
+              "output_tokens_per_s", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms", "user_tokens_per_s"}
 
 
 @pytest.fixture(scope="module")
 def served_run(bench_engine, bench_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-served")
     config = BenchConfig(engine=bench_engine, out=out, prompts_dir=bench_prompts, num_prompts=1, max_new_tokens=8,
-                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, instances=1)
+                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, instances=1,
+                         min_user_tokens_per_s=0.5)
     run_bench(config, log=lambda _line: None)
     return out
 
@@ -25,7 +26,7 @@ def served_run(bench_engine, bench_prompts, tmp_path_factory):
 @pytest.mark.slow
 def test_serving_section_has_both_modes_at_every_level(served_run):
     serving = json.loads((served_run / "summary.json").read_text())["serving"]
-    assert set(serving) == {"dflash", "plain", "speedup"}
+    assert set(serving) == {"dflash", "plain", "speedup", "goodput"}
     for mode in ("dflash", "plain"):
         assert set(serving[mode]) == {"1", "2"}
         for level, figures in serving[mode].items():
@@ -33,6 +34,11 @@ def test_serving_section_has_both_modes_at_every_level(served_run):
             assert figures["num_errors"] == 0, figures["error_examples"]
             assert figures["num_requests"] >= 1 and figures["output_tokens"] > 0
     assert set(serving["speedup"]) == {"1", "2"}
+    goodput = serving["goodput"]
+    assert goodput["min_user_tokens_per_s"] == 0.5
+    for mode in ("dflash", "plain"):
+        assert goodput[mode]["level"] in (1, 2)
+        assert goodput[mode]["output_tokens_per_s"] == serving[mode][str(goodput[mode]["level"])]["output_tokens_per_s"]
 
 
 @pytest.mark.slow
