@@ -50,7 +50,7 @@ class AiperfConfig:
     dataset: str = "heldout"
     prompts_dir: Path = Path("data/prompts")
     compare_plain: bool = True  # also serve with block size 1 (plain decoding) under the same load
-    num_threads: int = 0  # torch threads per dflash instance (0: torch's choice)
+    num_threads: int = 0  # torch threads per dflash instance (0: the cores divided among the instances)
     instances: int = 1  # dflash model instances (each batches in flight), as `make bench` serves
     ready_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
