@@ -136,9 +136,9 @@ def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
     outputs = []
     accepted_list, rows = accepted.tolist(), verified.choices.tolist()
     block_rows = block.tolist()
+    batch.last_token = verified.choices.gather(1, accepted[:, None]).squeeze(1)  # the target's bonus token
     for row, request in enumerate(batch.requests):
         a = accepted_list[row]
-        batch.last_token[row] = rows[row][a]
         committed = request.commit(block_rows[row][1:a + 1] + [rows[row][a]])
         # What the step committed: a + 1, or fewer where the request ended inside the accepted run (a block
         # sized for the longest row of the batch may accept more than a short request has left).

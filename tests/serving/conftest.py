@@ -189,12 +189,13 @@ def tiny_engine(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def served_repo(tiny_engine, tmp_path_factory) -> Path:
-    """The tiny engine's repository: two dflash instances, small limits so that limit errors are cheap."""
+    """The tiny engine's repository: two dflash instances, small limits so that limit errors are cheap, the
+    block size pinned so that draft counts are known (the adaptive policy has tests of its own)."""
     from dflash_trt.serving.repo import RepoConfig, render_repository
 
     out = tmp_path_factory.mktemp("served-repo")
     render_repository(RepoConfig(tiny_engine, out, dflash_instances=2, max_tokens_limit=256,
-                                 max_context_tokens=512, num_threads=1))
+                                 max_context_tokens=512, num_threads=1, block_policy="fixed"))
     return out
 
 
