@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Hashable, Sequence
 
+import numpy as np
 import torch
 
 from .errors import DFlashError
@@ -164,13 +165,19 @@ def concat_draft_caches(cache, other) -> None:
 
 
 def concat_draft_tensors(cache, other) -> None:
-    """The concatenation of DraftCache's tensors (k, v per layer, lens), capacity padded to the larger."""
+    """The concatenation of a draft cache's k, v (per layer; torch tensors or numpy arrays, as the ONNX
+    drafter keeps them) and lens, the capacity padded to the larger of the two."""
     capacity = max(cache.k[0].shape[2], other.k[0].shape[2]) if cache.k else 0
-    cache.k = [torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
-               for a, b in zip(cache.k, other.k)]
-    cache.v = [torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
-               for a, b in zip(cache.v, other.v)]
-    cache.lens = torch.cat((cache.lens, other.lens))
+    cache.k = [_cat_rows(a, b, capacity) for a, b in zip(cache.k, other.k)]
+    cache.v = [_cat_rows(a, b, capacity) for a, b in zip(cache.v, other.v)]
+    cache.lens = torch.cat((cache.lens, other.lens.to(cache.lens.device)))
+
+
+def _cat_rows(a, b, capacity: int):
+    if isinstance(a, np.ndarray):
+        widths = [((0, 0), (0, 0), (0, capacity - x.shape[2]), (0, 0)) for x in (a, b)]
+        return np.concatenate((np.pad(a, widths[0]), np.pad(b, widths[1])))
+    return torch.cat((_pad_right(a, capacity, dim=2), _pad_right(b, capacity, dim=2)))
 
 
 def shrink_draft_cache(cache, capacity: int) -> None:

@@ -112,10 +112,13 @@ class StepCosts:
 class AdaptiveBlockSize:
     """Block size per step from measured step costs and acceptance (see the module docstring)."""
 
-    def __init__(self, max_block_size: int, explore_every: int = 50):
+    def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None):
+        """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
+        block size allows only 1 and that one)."""
         if max_block_size < 1:
             raise DFlashError(f"block_size must be >= 1, got {max_block_size}")
         self.max_block_size, self.explore_every = max_block_size, explore_every
+        self.sizes = sorted(set(sizes)) if sizes else list(range(1, max_block_size + 1))
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
         self.plain, self.drafted = StepCosts(), StepCosts()
         self.decisions = 0
@@ -131,7 +134,7 @@ class AdaptiveBlockSize:
         return None if cost is None else self.acceptance.tokens(block_size) / max(cost, 1e-9)
 
     def best(self, batch_size: int) -> int:
-        values = {s: self.value(batch_size, s) for s in range(1, self.max_block_size + 1)}
+        values = {s: self.value(batch_size, s) for s in self.sizes}
         known = {s: v for s, v in values.items() if v is not None}
         return max(known, key=lambda s: (known[s], -s)) if known else self.max_block_size
 
@@ -144,10 +147,10 @@ class AdaptiveBlockSize:
         if not self.plain:
             return 1
         best = self.best(batch_size)
-        if self.decisions % self.explore_every == 0:
-            step = 1 if (self.decisions // self.explore_every) % 2 else -1
-            neighbour = min(max(best + step, 1), self.max_block_size)
-            return neighbour if neighbour != best else min(max(best - step, 1), self.max_block_size)
+        if self.decisions % self.explore_every == 0 and len(self.sizes) > 1:
+            index, step = self.sizes.index(best), 1 if (self.decisions // self.explore_every) % 2 else -1
+            neighbour = index + step if 0 <= index + step < len(self.sizes) else index - step
+            return self.sizes[neighbour]
         return best
 
     def observe(self, batch_size: int, block_size: int, seconds: float, accepted: Sequence[int]) -> None:
@@ -156,10 +159,10 @@ class AdaptiveBlockSize:
             self.acceptance.observe(block_size, accepted)
 
 
-def make_policy(name: str, max_block_size: int) -> BlockSizePolicy:
-    """'adaptive' (the default of serving) or 'fixed' (always max_block_size)."""
+def make_policy(name: str, max_block_size: int, sizes: Sequence[int] | None = None) -> BlockSizePolicy:
+    """'adaptive' (the default of serving; over `sizes`) or 'fixed' (always max_block_size)."""
     if name == "adaptive":
-        return AdaptiveBlockSize(max_block_size)
+        return AdaptiveBlockSize(max_block_size, sizes=sizes)
     if name == "fixed":
         return FixedBlockSize(max_block_size)
     raise DFlashError(f"block_policy must be 'adaptive' or 'fixed', got {name!r}")

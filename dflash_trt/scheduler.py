@@ -38,6 +38,17 @@ from .results import StepOutput
 from .sampling import SamplingParams
 
 
+def allowed_block_sizes(drafter, max_block_size: int) -> list[int]:
+    """Block sizes a step may verify: 1..max, or 1 and the one block size a drafter was exported for."""
+    static = getattr(drafter, "static_block_size", None) if drafter is not None else None
+    if static is None:
+        return list(range(1, max_block_size + 1))
+    if max_block_size not in (1, static):
+        raise DFlashError(f"the drafter was exported for block size {static}; it cannot draft blocks of "
+                          f"{max_block_size}")
+    return sorted({1, max_block_size})
+
+
 @dataclass(frozen=True)
 class SchedulerLimits:
     """max_batch_size: rows decoding together; max_kv_tokens: bound on rows x longest reservation (None:
@@ -68,7 +79,8 @@ class Scheduler:
             target.check_drafter(drafter.config)
         self.layer_ids = tuple(drafter.config.target_layer_ids) if self.drafter is not None else ()
         self.limits = limits or SchedulerLimits()
-        self.policy = policy or AdaptiveBlockSize(self.max_block_size)
+        self.block_sizes = allowed_block_sizes(self.drafter, self.max_block_size)
+        self.policy = policy or AdaptiveBlockSize(self.max_block_size, sizes=self.block_sizes)
         if self.policy.max_block_size > self.max_block_size:
             raise DFlashError(f"policy block size {self.policy.max_block_size} exceeds {self.max_block_size}")
         self.waiting: deque[Request] = deque()
@@ -154,7 +166,10 @@ class Scheduler:
         block_size = self.policy.choose(len(batch)) if self.drafter is not None else 1
         if first and self.drafter is not None:
             block_size = max(block_size, 2)  # the drafter takes in the prompt while the group is alone
-        block_size = max(1, min(block_size, max(r.remaining for r in batch.requests)))
+        if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
+            block_size = max(1, min(block_size, max(r.remaining for r in batch.requests)))
+        else:
+            block_size = block_size if block_size in self.block_sizes else self.max_block_size
         start = time.perf_counter()
         report = decode_step(self.target, self.drafter, batch, block_size, self.layer_ids)
         if not first:

@@ -59,6 +59,12 @@ class OnnxDrafter:
         self.dtype = _NUMPY_TYPES[value_type]
         self._cache_inputs = cache_names(config.num_hidden_layers)
 
+    @property
+    def static_block_size(self) -> int | None:
+        """The block size the graph was exported for (its block_embeds input has a fixed length)."""
+        length = next(i for i in self.session.get_inputs() if i.name == "block_embeds").shape[1]
+        return length if isinstance(length, int) else None
+
     def new_cache(self, batch_size: int, capacity: int) -> OnnxDraftCache:
         return OnnxDraftCache(self.config, batch_size, capacity, self.dtype)
 

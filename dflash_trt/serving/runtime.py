@@ -42,11 +42,11 @@ class LocalRuntime:
     def new_scheduler(self):
         """A scheduler over this runtime's pair, with its limits and block-size policy."""
         from dflash_trt.block_policy import make_policy
-        from dflash_trt.scheduler import Scheduler
+        from dflash_trt.scheduler import Scheduler, allowed_block_sizes
 
         drafter = self.drafter if self.block_size > 1 else None
-        return Scheduler(self.target, drafter, self.block_size, self.limits,
-                         make_policy(self.block_policy, self.block_size))
+        policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size))
+        return Scheduler(self.target, drafter, self.block_size, self.limits, policy)
 
     @property
     def tokenizer(self):

@@ -111,3 +111,9 @@ def test_fixed_policy_pins_the_block_size_and_names_are_checked():
     assert isinstance(make_policy("adaptive", 4), AdaptiveBlockSize)
     with pytest.raises(DFlashError, match="block_policy"):
         make_policy("fastest", 4)
+
+
+def test_policy_over_a_restricted_set_of_sizes_only_picks_those():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10, sizes=[1, MAX_BLOCK])
+    assert set(_run(policy, gpu_like, 4, 0.8, steps=100)) == {1, MAX_BLOCK}
+    assert set(_run(policy, saturating, 32, 0.8, steps=100)[-9:]) == {1}

@@ -122,3 +122,28 @@ def test_long_prompt_prefills_in_bounded_chunks_while_others_keep_streaming(pair
     finally:
         target.forward = forward
     assert streamed >= 40 // 8 - 1  # the short request committed tokens during the long one's prefill
+
+
+def test_a_drafter_exported_for_one_block_size_only_drafts_that_size(pair):
+    from dflash_trt.block_policy import AdaptiveBlockSize
+    from dflash_trt.scheduler import allowed_block_sizes
+
+    target, drafter, prompts, references = pair
+    static = oracle_for(pair, 8, [0, 1, 2])
+    static.static_block_size = 8  # what an ONNX or TensorRT drafter reports
+    shapes = []
+    propose = static.propose
+    static.propose = lambda t, block, *rest: shapes.append(block.shape[1]) or propose(t, block, *rest)
+    assert allowed_block_sizes(static, 8) == [1, 8]
+    with pytest.raises(DFlashError, match="exported for block size 8"):
+        allowed_block_sizes(static, 4)
+    scheduler = Scheduler(target, static, 8, SchedulerLimits(max_batch_size=3))
+    assert isinstance(scheduler.policy, AdaptiveBlockSize) and scheduler.policy.sizes == [1, 8]
+    tokens, finals = {}, {}
+    for i in range(3):
+        scheduler.add_request(prompts[i], SamplingParams(max_new_tokens=11), request_id=i)
+    while scheduler.has_unfinished:
+        _collect(scheduler.step(), tokens, finals)
+    assert set(shapes) == {8}  # never a shrunk last block
+    for i in range(3):
+        assert tokens[i] == references[i][:11]
