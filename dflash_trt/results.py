@@ -63,6 +63,7 @@ class GenerationResult:
             "num_output_tokens": self.num_output_tokens,
             "tau": self.tau,
             "acceptance_lengths": self.acceptance_lengths,
+            "draft_lengths": self.draft_lengths,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "acceptance_rate": self.acceptance_rate,

@@ -71,7 +71,10 @@ def test_generate_with_speculative_config_equals_drafter_and_block_size(tiny_pai
     via_flags = generate_json(capsys, tiny_pair_dir, "--drafter", str(tiny_pair_dir / "drafter"), "--block-size", "4")
     plain = generate_json(capsys, tiny_pair_dir)
     assert via_spec["block_size"] == 4
-    assert via_spec["num_draft_tokens"] == 3 * len(via_spec["acceptance_lengths"]) > 0
+    # Every verify step drafts 3 tokens, but never more than the tokens left after it (the last steps).
+    drafts = via_spec["draft_lengths"]
+    assert len(drafts) == len(via_spec["acceptance_lengths"]) and max(drafts) == 3 and drafts[0] == 3
+    assert via_spec["num_draft_tokens"] == sum(drafts)
     assert via_spec["token_ids"] == via_flags["token_ids"] == plain["token_ids"]
 
 
