@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serving.cancellation import CancelBoard
+from dflash_trt.serving.cancellation import CancelBoard, StepGate
 from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
@@ -64,6 +64,7 @@ class DFlashService:
     def __init__(self, pb, runtime, limits: RequestLimits, metrics, logger=None, board: CancelBoard | None = None):
         self.pb, self.runtime, self.limits, self.metrics = pb, runtime, limits, metrics
         self.board = board or CancelBoard()
+        self.gate = StepGate.from_env()  # None unless a test paces the steps
         self.logger = logger
         workers = getattr(runtime, "max_concurrent_requests", 1)
         # Local runtimes serve one request at a time (concurrency = instance count); TensorRT-LLM
@@ -87,6 +88,8 @@ class DFlashService:
         generation_id = self.board.new_id()
         # Direct requests see their own cancellation; ensemble requests only through the board.
         is_cancelled = lambda: sender.is_cancelled() or self.board.is_marked(generation_id)  # noqa: E731
+        if self.gate is not None:
+            is_cancelled = self.gate.paced(is_cancelled)
         self._enter()
         final_sent, steps = False, None
         try:
