@@ -106,13 +106,13 @@ import signal, sys, time, pathlib
 marker = pathlib.Path(sys.argv[1])
 signal.signal(signal.SIGTERM, lambda *_: (marker.write_text("SIGTERM"), sys.exit(0)))
 marker.write_text("started")
-time.sleep(30)
+time.sleep(300)  # only slept in full when SIGTERM is not forwarded
 """
 
 
 def _signal_self_when(marker: Path, text: str, signum: int) -> threading.Thread:
     def wait_and_signal():
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (marker.exists() and marker.read_text() == text):
             time.sleep(0.02)
         os.kill(os.getpid(), signum)
@@ -127,11 +127,9 @@ def test_forwards_sigterm_to_the_running_step_and_stops_after_it(tmp_path):
     child = [sys.executable, "-c", _TRAPPING_CHILD, str(marker)]
     never = [sys.executable, "-c", f"open({str(tmp_path / 'second')!r}, 'w')"]
     _signal_self_when(marker, "started", signal.SIGTERM)
-    started = time.monotonic()
     assert entrypoint.Supervisor().run_steps([child, never]) == 128 + signal.SIGTERM
-    assert marker.read_text() == "SIGTERM"
+    assert marker.read_text() == "SIGTERM"  # the child's handler ran: it did not sleep its time out
     assert not (tmp_path / "second").exists()
-    assert time.monotonic() - started < 20
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 

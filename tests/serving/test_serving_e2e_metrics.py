@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 import pytest
+from triton_waits import metric_total, wait_for
 
 from dflash_trt.serving.client import generate, generate_stream
 
@@ -43,7 +43,8 @@ def test_metrics_agree_with_the_responses(triton):
     answers = [generate(triton.config.http_url, f"count {i}", 5 + 3 * i, exclude_input_in_output=True)
                for i in range(3)]
     answers.append(list(generate_stream(triton.config.http_url, "streamed", 12))[-1])
-    time.sleep(0.5)
+    # The dflash model leaves the in-flight gauge just after its final response: wait for that, not a time.
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
     after = scrape(triton)
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
     drafted = sum(a["total_draft_tokens"] for a in answers)

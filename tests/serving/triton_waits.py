@@ -51,15 +51,18 @@ def metric_total(triton, name: str) -> float:
 def steps_until_idle(triton, gate: StepGateControl, max_steps: int = 4, wait_s: float = 30.0) -> int:
     """Grant decoding steps one at a time until no request is in flight; returns how many it took.
 
-    After each step the request gets wait_s to end (a cancelled one ends without a further step); that
-    wait is only spent in full by a generation that goes on."""
+    After each step the requests get wait_s for one of them to end (a cancelled one ends without a
+    further step); that wait is only spent in full when the generations go on."""
     steps = 0
-    while metric_total(triton, "dflash_requests_in_flight") > 0:
+    in_flight = metric_total(triton, "dflash_requests_in_flight")
+    while in_flight > 0:
         if steps == max_steps:
-            pytest.fail(f"the generation still runs after {steps} more decoding steps")
+            pytest.fail(f"{in_flight:.0f} generation(s) still running after {steps} more decoding steps")
         gate.grant()
         steps += 1
         deadline = time.monotonic() + wait_s
-        while metric_total(triton, "dflash_requests_in_flight") > 0 and time.monotonic() < deadline:
+        before = in_flight
+        while in_flight >= before and time.monotonic() < deadline:
             time.sleep(0.02)
+            in_flight = metric_total(triton, "dflash_requests_in_flight")
     return steps
