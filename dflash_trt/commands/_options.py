@@ -67,8 +67,12 @@ def load_pair(args):
 
 
 def default_stop_ids(target) -> list[int]:
-    """EOS ids of the target's generation config (or tokenizer), the usual stop tokens."""
+    """EOS ids of the target's generation config, else its model config, else its (shipped) tokenizer.
+
+    A model without any of them has no default stop id, as in transformers' `generate`."""
     eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(getattr(target.model, "config", None), "eos_token_id", None)
     if eos is None and target.tokenizer is not None:
         eos = target.tokenizer.eos_token_id
     if eos is None:

@@ -18,6 +18,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.serving.cancellation import CancelBoard, StepGate
 from dflash_trt.serving.generation import Cancelled, Chunk, Stats, chunks, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
+from dflash_trt.serving.runtime import vocabulary_size
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
 INPUTS = {
@@ -72,8 +73,7 @@ class DFlashService:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dflash") if workers > 1 else None
         self._in_flight = 0
         self._idle = threading.Condition()
-        vocab = getattr(getattr(runtime, "tokenizer", None), "__len__", None)
-        self.vocab_size = vocab() if vocab else None
+        self.vocab_size = vocabulary_size(runtime)
 
     def execute(self, requests) -> None:
         for request in requests:
