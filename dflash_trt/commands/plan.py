@@ -40,15 +40,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _config_source(role, spec, override, checkpoints_dir):
     """The checkpoint whose config.json to read: local first, then the config shipped with the preset."""
-    from ..engine.presets import SHIPPED_CONFIGS
-    from ..engine.resolve import resolve_checkpoint
-    from ..errors import DFlashError
+    from ..engine.resolve import PUBLISHED_CONFIG, resolve_for_planning
 
-    try:
-        return resolve_checkpoint(role, spec, override, checkpoints_dir, require_weights=False)
-    except DFlashError:
-        if override is not None or not (SHIPPED_CONFIGS / spec.id / "config.json").is_file():
-            raise
-    print(f"note: {role} {spec.id} not found locally; planning from its published config.json "
-          f"(build/presets/configs/{spec.id})")
-    return resolve_checkpoint(role, spec, None, SHIPPED_CONFIGS, require_weights=False)
+    found, _missing = resolve_for_planning(role, spec, override, checkpoints_dir)
+    if found.found_in == PUBLISHED_CONFIG:
+        print(f"note: {role} {spec.id} not found locally; planning from its published config.json "
+              f"(build/presets/configs/{spec.id})")
+    return found

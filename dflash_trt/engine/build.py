@@ -22,7 +22,7 @@ from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
 from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
 from .quantize import QUANT_STATE_NAME, check_quant, quant_scheme
-from .resolve import ResolvedCheckpoint, resolve_checkpoint
+from .resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
 
 NUM_STEPS = 6
 SINGLE_DEVICE_RUNTIMES = ("torch", "onnx", "tensorrt")
@@ -56,6 +56,7 @@ class BuildResult:
     warnings: list[str] = field(default_factory=list)
     manifest: dict[str, Any] | None = None  # None for a dry run
     pending: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # dry run: the checkpoints still to download
 
 
 @dataclass
@@ -73,7 +74,7 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
     progress = steps.Progress(NUM_STEPS, log)
 
     progress.step("resolve checkpoints")
-    pair = _resolve(preset, request, log)
+    pair, missing = _resolve(preset, request, log)
     progress.step("validate the pair")
     warnings = _validate(preset, pair, log)
     progress.step("plan parallelism")
@@ -82,8 +83,8 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
     for line in format_plan(plan).splitlines():
         log("  " + line)
     if request.dry_run:
-        _describe_rest(preset, engine_dir, progress)
-        return BuildResult(engine_dir, preset, plan, warnings)
+        _describe_rest(preset, engine_dir, progress, missing)
+        return BuildResult(engine_dir, preset, plan, warnings, missing=missing)
 
     engine_dir.mkdir(parents=True, exist_ok=True)
     (engine_dir / MANIFEST_NAME).unlink(missing_ok=True)  # the engine is unusable until the build completes
@@ -124,13 +125,22 @@ def _preset(request: BuildRequest) -> Preset:
     return preset
 
 
-def _resolve(preset: Preset, request: BuildRequest, log: Callable[[str], None]) -> _Pair:
-    need_weights = not request.dry_run
-    target = resolve_checkpoint("target", preset.target, request.target, request.checkpoints_dir, need_weights)
-    drafter = resolve_checkpoint("drafter", preset.drafter, request.drafter, request.checkpoints_dir, need_weights)
-    for found in (target, drafter):
-        log(f"  {found.role}: {found.id} -> {found.path} ({found.found_in})")
-    return _Pair(target, drafter, read_target_arch(target.path), DrafterConfig.from_file(drafter.path / "config.json"))
+def _resolve(preset: Preset, request: BuildRequest, log: Callable[[str], None]) -> tuple[_Pair, list[str]]:
+    """The pair, and (dry runs only) what a build would still have to download.
+
+    A dry run reads configs only: a checkpoint that is not here is planned from its published config."""
+    found, missing = {}, []
+    for role, spec, override in (("target", preset.target, request.target),
+                                 ("drafter", preset.drafter, request.drafter)):
+        if request.dry_run:
+            found[role], lacking = resolve_for_planning(role, spec, override, request.checkpoints_dir)
+            missing += [lacking] if lacking else []
+        else:
+            found[role] = resolve_checkpoint(role, spec, override, request.checkpoints_dir)
+        log(f"  {role}: {spec.id} -> {found[role].path} ({found[role].found_in})")
+    target, drafter = found["target"], found["drafter"]
+    pair = _Pair(target, drafter, read_target_arch(target.path), DrafterConfig.from_file(drafter.path / "config.json"))
+    return pair, missing
 
 
 def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[str]:
@@ -148,13 +158,19 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     return warnings
 
 
-def _describe_rest(preset: Preset, engine_dir: Path, progress: steps.Progress) -> None:
+def _describe_rest(preset: Preset, engine_dir: Path, progress: steps.Progress, missing: list[str]) -> None:
     progress.step(f"prepare the target, quantize ({preset.quant})")
     progress.step(f"write {preset.runtime} artifacts")
     for name in _planned_outputs(preset):
         progress.log(f"  would write {engine_dir / name}")
     progress.step("write manifest.json")
     progress.log(f"  would write {engine_dir / MANIFEST_NAME}")
+    if missing:
+        progress.log(f"missing before a build ({len(missing)}):")
+        for line in missing:
+            progress.log(f"  {line}")
+    else:
+        progress.log("every checkpoint is here")
     progress.log("dry run: nothing was written")
 
 

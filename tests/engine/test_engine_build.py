@@ -46,6 +46,35 @@ def test_dry_run_plans_every_preset_and_runtime_and_writes_nothing(name, runtime
     assert ("llm_api_options.yaml" in text) == (runtime == "trtllm")
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("name", PRESETS)
+def test_dry_run_with_nothing_downloaded_plans_from_the_published_configs_and_says_what_to_download(
+        name, runtime, tmp_path, monkeypatch, capsys):
+    """`dflash-trt engine --dry-run` on a machine without any checkpoint: how a user checks a layout
+    before a 120 GB download. The whole plan, the artifacts, the missing checkpoints, exit 0."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-home"))
+    preset = load_preset(name)
+    tp = preset.tp if runtime == "trtllm" else 1
+    out = tmp_path / "engine"
+    assert main(["engine", "--model", name, "--tp", str(tp), "--runtime", runtime, "--dry-run",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists()
+    for step in range(1, 7):
+        assert f"[{step}/6]" in text
+    assert "per GPU" in text and "max sequences in flight" in text and f"TP={tp}" in text
+    assert f"would write {out / 'manifest.json'}" in text
+    assert ("llm_api_options.yaml" in text) == (runtime == "trtllm")
+    from_hub = [spec.id for spec in (preset.target, preset.drafter) if not spec.path and spec.gguf is None]
+    for checkpoint in from_hub:
+        assert "published config.json, shipped in build/presets/configs" in text
+        assert f"`hf download {checkpoint} --local-dir " in text
+    if from_hub:
+        assert f"missing before a build ({len(from_hub)}):" in text
+    assert text.endswith("dry run: nothing was written\n")
+
+
 def test_local_runtimes_refuse_tensor_parallelism():
     with pytest.raises(ConfigError, match="runtime torch runs the target on one device; TP=8 needs --runtime trtllm"):
         build_engine(BuildRequest(model="gpt-oss-120b", runtime="torch", checkpoints_dir=FIXTURES, dry_run=True),
