@@ -17,10 +17,10 @@ from . import steps
 from .arch import TargetArch, read_target_arch
 from .artifacts import drafter_onnx, trtllm
 from .compat import check_compatible
-from .manifest import MANIFEST_NAME, write_manifest
+from .manifest import MANIFEST_NAME, EngineError, write_manifest
 from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
-from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
+from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
 from .quantize import QUANT_STATE_NAME, check_quant, quant_scheme
 from .resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
 
@@ -98,6 +98,21 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
         raise error
     log(f"engine ready: {engine_dir}")
     return BuildResult(engine_dir, preset, plan, warnings, manifest, pending.items)
+
+
+def ensure_engine(engine_dir: str | Path, log: Callable[[str], None] = print) -> Path:
+    """An engine to run: engine_dir when it is built. The default engine (engines/<default preset>) is
+    built on first use, as `make demo` does; any other missing engine is one error naming the command."""
+    engine_dir = Path(engine_dir)
+    if (engine_dir / MANIFEST_NAME).is_file():
+        return engine_dir
+    default = BuildRequest()
+    if engine_dir.resolve() == default_engine_dir(_preset(default), default).resolve():
+        log(f"{engine_dir} is not built yet: building the default engine first (as `make demo` does)")
+        return build_engine(default, log=log).engine_dir
+    model = engine_dir.name if engine_dir.name in preset_names() else "<preset>"
+    raise EngineError(f"{engine_dir}: no {MANIFEST_NAME}, not a built engine; build it with "
+                      f"`dflash-trt engine --model {model} --out {engine_dir}`")
 
 
 def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
