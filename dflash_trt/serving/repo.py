@@ -18,6 +18,10 @@ from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
 MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
+# The ensemble template rendered twice: name -> (max_batch_size, text_output dims). "ensemble" has
+# TensorRT-LLM's layout (a leading batch dimension, at most 1: the models serve one request each);
+# "ensemble_unbatched" takes the same tensors without the batch dimension.
+ENSEMBLES = {"ensemble": (1, "-1"), "ensemble_unbatched": (0, "1")}
 DEFAULT_MAX_TOKENS = 4096
 
 
@@ -64,7 +68,7 @@ def engine_limits(engine) -> tuple[int, int]:
 
 
 def render_repository(config: RepoConfig) -> Path:
-    """Write the four models of the repository into config.out; returns config.out."""
+    """Write the models of the repository (the three Python models, both ensembles) into config.out."""
     from dflash_trt.engine import load_engine
 
     config.validate()
@@ -90,8 +94,12 @@ def render_repository(config: RepoConfig) -> Path:
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    for model in MODELS:
+    for model in MODELS[:-1]:
         _render_model(model, out / model, values)
+    for name, (max_batch_size, text_output_dims) in ENSEMBLES.items():
+        _render_model("ensemble", out / name, {**values, "ensemble_name": name,
+                                               "ensemble_max_batch_size": max_batch_size,
+                                               "text_output_dims": text_output_dims})
     return out
 
 

@@ -74,8 +74,8 @@ def test_invalid_utf8_is_refused(triton):
 def test_a_wrong_dtype_is_refused_by_triton(triton):
     stream = GrpcStream(triton.config.grpc_url)
     inputs = grpc_inputs("hi", 8, stream=True)
-    bad = grpcclient.InferInput("max_tokens", [1], "FP32")
-    bad.set_data_from_numpy(np.array([8.0], dtype=np.float32))
+    bad = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    bad.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
     inputs[1] = bad
     try:
         stream.client.async_stream_infer("ensemble", inputs)
