@@ -30,6 +30,7 @@ def scrape(triton) -> dict[str, float]:
 
 def test_metrics_are_published_with_the_model_label(triton):
     generate(triton.config.http_url, "hello", 4)
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
     values = scrape(triton)
     for name in ("dflash_requests_in_flight", "dflash_draft_tokens_total", "dflash_accepted_draft_tokens_total",
                  "dflash_spec_steps_total", "dflash_generated_tokens_total", "dflash_acceptance_length_count",
