@@ -3,17 +3,20 @@
  */
 #include "dflashAttentionKernel.h"
 
-#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
 
 namespace dflash
 {
 namespace
 {
 
-constexpr int32_t kTHREADS{128};
-constexpr int32_t kWARPS{kTHREADS / 32};
 constexpr float kLOG2E{1.4426950408889634F};
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Element conversions
 
 __device__ __forceinline__ float toF(float x)
 {
@@ -46,126 +49,495 @@ __device__ __forceinline__ __nv_bfloat16 fromF<__nv_bfloat16>(float x)
     return __float2bfloat16_rn(x);
 }
 
-//! Rotate-half RoPE of the pair (x1 at i, x2 at i + Dh/2), rounded through T as the CPU twin does.
+//! Two floats rounded to T and packed into one 32-bit register (first in the low half, as mma fragments expect);
+//! `lo`/`hi` receive the rounded values back in fp32.
 template <typename T>
-__device__ __forceinline__ void rope(float& x1, float& x2, RopeTable const& table, int32_t i, int32_t position)
+__device__ __forceinline__ uint32_t packRounded(float a, float b, float& lo, float& hi)
 {
-    float const angle = static_cast<float>(position) * table.invFreq[i];
-    float s;
-    float c;
-    sincosf(angle, &s, &c);
-    c *= table.attentionFactor;
-    s *= table.attentionFactor;
-    float const r1 = x1 * c - x2 * s;
-    float const r2 = x2 * c + x1 * s;
-    x1 = toF(fromF<T>(r1));
-    x2 = toF(fromF<T>(r2));
+    T const ra = fromF<T>(a);
+    T const rb = fromF<T>(b);
+    lo = toF(ra);
+    hi = toF(rb);
+    uint16_t const ua = *reinterpret_cast<uint16_t const*>(&ra);
+    uint16_t const ub = *reinterpret_cast<uint16_t const*>(&rb);
+    return static_cast<uint32_t>(ua) | (static_cast<uint32_t>(ub) << 16);
 }
 
-//! Number of cached rows the block attends to, clamped so a bad length never leaves the cache.
+// ---------------------------------------------------------------------------------------------------------------------
+// RoPE and lengths (shared by both attention kernels)
+
+//! cos/sin of pair i at an absolute position, times the attention factor (the order of operations of the reference).
+__device__ __forceinline__ void ropeAngle(RopeTable const& table, int32_t i, int32_t position, float& c, float& s)
+{
+    float const angle = __fmul_rn(static_cast<float>(position), table.invFreq[i]);
+    sincosf(angle, &s, &c);
+    c = __fmul_rn(c, table.attentionFactor);
+    s = __fmul_rn(s, table.attentionFactor);
+}
+
+//! Rotate-half RoPE of the pair (x[i], x[i + Dh/2]) written to y, rounded to T as the reference rounds it.
+template <typename T, int32_t DH>
+__device__ __forceinline__ void ropePair(T const* x, T* y, int32_t i, float c, float s)
+{
+    float const x1 = toF(x[i]);
+    float const x2 = toF(x[i + DH / 2]);
+    y[i] = fromF<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    y[i + DH / 2] = fromF<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
+__device__ __forceinline__ int32_t clampedStart(DflashAttentionParams const& p, int32_t b)
+{
+    return min(max(p.cacheLens[b], 0), p.cacheCapacity);
+}
+
+//! Cached rows the block attends to (old + new context), clamped so a bad length never leaves the cache.
 __device__ __forceinline__ int32_t cachedRows(DflashAttentionParams const& p, int32_t b)
 {
-    int32_t const start = min(max(p.cacheLens[b], 0), p.cacheCapacity);
     int32_t const added = min(max(p.ctxLens[b], 0), p.ctxRows);
-    return min(start + added, p.cacheCapacity);
+    return min(clampedStart(p, b) + added, p.cacheCapacity);
 }
 
-//! grid (C, Hkv, B), block Dh/2: RoPE the new context keys and write keys and values into the cache.
+//! Device pointers of the workspace regions.
+struct Workspace
+{
+    void* ropedQ;
+    void* ropedK;
+    float* partialAcc;
+    float* partialStats;
+    int32_t maxSplits;
+};
+
+//! grid (C + S, Hkv, B), block Dh/2. Rows < C: RoPE the new context keys and append keys and values to the cache.
+//! Rows >= C (block slot j): RoPE the block key and the G queries of the group at position cachedRows + j into the
+//! workspace, once, so the attention CTAs of every split read them ready-made.
 template <typename T, int32_t DH>
-__global__ void appendContextKernel(DflashAttentionParams const p)
+__global__ void prepareKernel(DflashAttentionParams const p, Workspace const ws)
 {
     int32_t const row = blockIdx.x;
     int32_t const head = blockIdx.y;
     int32_t const b = blockIdx.z;
     int32_t const i = threadIdx.x;
-    int32_t const start = min(max(p.cacheLens[b], 0), p.cacheCapacity);
-    if (row >= min(p.ctxLens[b], p.ctxRows) || start + row >= p.cacheCapacity)
+    float c;
+    float s;
+    if (row < p.ctxRows)
+    {
+        int32_t const start = clampedStart(p, b);
+        if (row >= min(max(p.ctxLens[b], 0), p.ctxRows) || start + row >= p.cacheCapacity)
+        {
+            return;
+        }
+        size_t const src = ((static_cast<size_t>(b) * p.ctxRows + row) * p.numKvHeads + head) * DH;
+        size_t const dst = ((static_cast<size_t>(b) * p.numKvHeads + head) * p.cacheCapacity + start + row) * DH;
+        T const* ctxV = static_cast<T const*>(p.ctxV) + src;
+        T* cacheV = static_cast<T*>(p.cacheV) + dst;
+        ropeAngle(p.rope, i, start + row, c, s);
+        ropePair<T, DH>(static_cast<T const*>(p.ctxK) + src, static_cast<T*>(p.cacheK) + dst, i, c, s);
+        cacheV[i] = ctxV[i];
+        cacheV[i + DH / 2] = ctxV[i + DH / 2];
+        return;
+    }
+    int32_t const slot = row - p.ctxRows;
+    int32_t const group = p.numHeads / p.numKvHeads;
+    ropeAngle(p.rope, i, cachedRows(p, b) + slot, c, s);
+    size_t const kSrc = ((static_cast<size_t>(b) * p.blockLen + slot) * p.numKvHeads + head) * DH;
+    size_t const kDst = ((static_cast<size_t>(b) * p.numKvHeads + head) * p.blockLen + slot) * DH;
+    ropePair<T, DH>(static_cast<T const*>(p.k) + kSrc, static_cast<T*>(ws.ropedK) + kDst, i, c, s);
+    for (int32_t g = 0; g < group; ++g)
+    {
+        size_t const qSrc = ((static_cast<size_t>(b) * p.blockLen + slot) * p.numHeads + head * group + g) * DH;
+        size_t const qDst = ((static_cast<size_t>(b) * p.numKvHeads + head) * group * p.blockLen + slot * group + g) * DH;
+        ropePair<T, DH>(static_cast<T const*>(p.q) + qSrc, static_cast<T*>(ws.ropedQ) + qDst, i, c, s);
+    }
+}
+
+//! Keys [keyBegin, keyEnd) of the CTA's split; returns false when the sequence has fewer splits than this index.
+__device__ __forceinline__ bool splitRange(
+    DflashAttentionParams const& p, int32_t b, int32_t split, int32_t& numCached, int32_t& keyBegin, int32_t& keyEnd)
+{
+    numCached = cachedRows(p, b);
+    int32_t const numKeys = numCached + p.blockLen;
+    if (split >= numSplitsForKeys(numKeys))
+    {
+        return false;
+    }
+    keyBegin = split * kKEYS_PER_SPLIT;
+    keyEnd = min(numKeys, keyBegin + kKEYS_PER_SPLIT);
+    return true;
+}
+
+//! Output row of query row r of the group (block slot r / G, head kvHead * G + r % G).
+__device__ __forceinline__ size_t outputRow(DflashAttentionParams const& p, int32_t b, int32_t kvHead, int32_t r)
+{
+    int32_t const group = p.numHeads / p.numKvHeads;
+    return (static_cast<size_t>(b) * p.blockLen + r / group) * p.numHeads + kvHead * group + r % group;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Tensor-core attention (fp16/bf16)
+
+__device__ __forceinline__ uint32_t sharedAddress(void const* ptr)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+//! 16-byte asynchronous copy global -> shared; when !valid the destination is zero-filled and nothing is read.
+__device__ __forceinline__ void cpAsync16(void* dst, void const* src, bool valid)
+{
+    int32_t const bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(dst)), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void cpAsyncCommit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int32_t N>
+__device__ __forceinline__ void cpAsyncWait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrixX4(uint32_t (&r)[4], void const* ptr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sharedAddress(ptr)));
+}
+
+__device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], void const* ptr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sharedAddress(ptr)));
+}
+
+//! d += a (16x16, row) * b (16x8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+//! Element offset of (row, 16-byte chunk) in a [kMMA_KEY_TILE, DH] tile: chunks XOR-swizzled by row % 8 so the eight
+//! row addresses of an ldmatrix fall into distinct banks.
+template <int32_t DH>
+__device__ __forceinline__ int32_t tileOffset(int32_t row, int32_t chunk)
+{
+    return row * DH + ((chunk ^ (row & 7)) << 3);
+}
+
+//! grid (maxSplits, Hkv x row tiles, B), block kMMA_THREADS (4 warps x 16 query rows).
+//! S = Q K^T and O += P V on tensor cores (fp32 accumulation), online softmax in fp32 registers, K/V tiles of
+//! kMMA_KEY_TILE keys streamed through a kMMA_STAGES-deep cp.async pipeline. P is rounded to T for the P V product
+//! and the row sums are taken over the rounded P, so the normalisation matches the weights actually applied.
+template <typename T, int32_t DH>
+__global__ void __launch_bounds__(kMMA_THREADS) mmaAttentionKernel(
+    DflashAttentionParams const p, Workspace const ws, int32_t numRowTiles)
+{
+    constexpr int32_t kCHUNKS = DH / 8;             // 16-byte chunks per row
+    constexpr int32_t kKSTEPS = DH / 16;            // k steps of Q K^T
+    constexpr int32_t kKEY_NTILES = kMMA_KEY_TILE / 8;
+    constexpr int32_t kDH_NTILES = DH / 8;
+    constexpr int32_t kTILE_ELEMENTS = kMMA_KEY_TILE * DH;
+    extern __shared__ __align__(128) unsigned char smemRaw[];
+    T* sK = reinterpret_cast<T*>(smemRaw);
+    T* sV = sK + kMMA_STAGES * kTILE_ELEMENTS;
+
+    int32_t const split = blockIdx.x;
+    int32_t const kvHead = blockIdx.y / numRowTiles;
+    int32_t const rowBase = (blockIdx.y % numRowTiles) * kMMA_ROWS;
+    int32_t const b = blockIdx.z;
+    int32_t numCached;
+    int32_t keyBegin;
+    int32_t keyEnd;
+    if (!splitRange(p, b, split, numCached, keyBegin, keyEnd))
     {
         return;
     }
-    size_t const src = ((static_cast<size_t>(b) * p.ctxRows + row) * p.numKvHeads + head) * DH;
-    size_t const dst = ((static_cast<size_t>(b) * p.numKvHeads + head) * p.cacheCapacity + start + row) * DH;
-    T const* ctxK = static_cast<T const*>(p.ctxK) + src;
-    T const* ctxV = static_cast<T const*>(p.ctxV) + src;
-    T* cacheK = static_cast<T*>(p.cacheK) + dst;
-    T* cacheV = static_cast<T*>(p.cacheV) + dst;
-    float x1 = toF(ctxK[i]);
-    float x2 = toF(ctxK[i + DH / 2]);
-    rope<T>(x1, x2, p.rope, i, start + row);
-    cacheK[i] = fromF<T>(x1);
-    cacheK[i + DH / 2] = fromF<T>(x2);
-    cacheV[i] = ctxV[i];
-    cacheV[i + DH / 2] = ctxV[i + DH / 2];
-}
+    int32_t const group = p.numHeads / p.numKvHeads;
+    int32_t const totalRows = group * p.blockLen;
+    int32_t const numTiles = (keyEnd - keyBegin + kMMA_KEY_TILE - 1) / kMMA_KEY_TILE;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid / 32;
+    int32_t const lane = tid % 32;
+    int32_t const quadRow = lane / 4; // groupID of the mma fragment layouts
+    int32_t const quadCol = lane % 4; // threadID_in_group
 
-//! Shared-memory layout of attentionKernel (floats).
-template <int32_t DH>
-struct SmemLayout
-{
-    static constexpr int32_t kROWS = kMAX_ROW_ELEMENTS / DH;
-    static constexpr int32_t kKV_STRIDE = DH + 1; // +1 keeps the per-key column reads conflict-free
-    static constexpr int32_t kQ = 0;
-    static constexpr int32_t kACC = kQ + kROWS * DH;
-    static constexpr int32_t kK = kACC + kROWS * DH;
-    static constexpr int32_t kV = kK + kKEY_TILE * kKV_STRIDE;
-    static constexpr int32_t kS = kV + kKEY_TILE * kKV_STRIDE;
-    static constexpr int32_t kM = kS + kROWS * kKEY_TILE;
-    static constexpr int32_t kL = kM + kROWS;
-    static constexpr int32_t kALPHA = kL + kROWS;
-    static constexpr size_t kBYTES = sizeof(float) * (kALPHA + kROWS);
-};
+    size_t const headIndex = static_cast<size_t>(b) * p.numKvHeads + kvHead;
+    T const* cacheK = static_cast<T const*>(p.cacheK) + headIndex * p.cacheCapacity * DH;
+    T const* cacheV = static_cast<T const*>(p.cacheV) + headIndex * p.cacheCapacity * DH;
+    T const* blockK = static_cast<T const*>(ws.ropedK) + headIndex * p.blockLen * DH;
+    T const* blockV = static_cast<T const*>(p.v) + static_cast<size_t>(b) * p.blockLen * p.numKvHeads * DH + kvHead * DH;
+    size_t const blockVStride = static_cast<size_t>(p.numKvHeads) * DH;
 
-//! Load one key/value tile (cache rows, then RoPE'd block rows, then zero padding) into shared memory.
-template <typename T, int32_t DH>
-__device__ void loadKeyValueTile(DflashAttentionParams const& p, float* sK, float* sV, int32_t b, int32_t kvHead,
-    int32_t keyBase, int32_t numCached, int32_t numKeys)
-{
-    using L = SmemLayout<DH>;
-    T const* cacheK = static_cast<T const*>(p.cacheK) + (static_cast<size_t>(b) * p.numKvHeads + kvHead) * p.cacheCapacity * DH;
-    T const* cacheV = static_cast<T const*>(p.cacheV) + (static_cast<size_t>(b) * p.numKvHeads + kvHead) * p.cacheCapacity * DH;
-    for (int32_t idx = threadIdx.x; idx < kKEY_TILE * DH / 2; idx += kTHREADS)
+    auto loadTile = [&](int32_t tile, int32_t stage) {
+        int32_t const key0 = keyBegin + tile * kMMA_KEY_TILE;
+        T* dstK = sK + stage * kTILE_ELEMENTS;
+        T* dstV = sV + stage * kTILE_ELEMENTS;
+        for (int32_t c = tid; c < kMMA_KEY_TILE * kCHUNKS; c += kMMA_THREADS)
+        {
+            int32_t const row = c / kCHUNKS;
+            int32_t const chunk = c % kCHUNKS;
+            int32_t const key = key0 + row;
+            T const* srcK = cacheK; // any valid address when zero-filling
+            T const* srcV = cacheV;
+            if (key < min(numCached, keyEnd))
+            {
+                srcK = cacheK + static_cast<size_t>(key) * DH + chunk * 8;
+                srcV = cacheV + static_cast<size_t>(key) * DH + chunk * 8;
+            }
+            else if (key < keyEnd)
+            {
+                int32_t const slot = key - numCached;
+                srcK = blockK + static_cast<size_t>(slot) * DH + chunk * 8;
+                srcV = blockV + slot * blockVStride + chunk * 8;
+            }
+            int32_t const offset = tileOffset<DH>(row, chunk);
+            cpAsync16(dstK + offset, srcK, key < keyEnd);
+            cpAsync16(dstV + offset, srcV, key < keyEnd);
+        }
+    };
+
+#pragma unroll
+    for (int32_t stage = 0; stage < kMMA_STAGES - 1; ++stage)
     {
-        int32_t const j = idx / (DH / 2);
-        int32_t const i = idx % (DH / 2);
-        int32_t const key = keyBase + j;
-        float k1 = 0.F;
-        float k2 = 0.F;
-        float v1 = 0.F;
-        float v2 = 0.F;
-        if (key < numCached)
+        if (stage < numTiles)
         {
-            size_t const off = static_cast<size_t>(key) * DH;
-            k1 = toF(cacheK[off + i]);
-            k2 = toF(cacheK[off + i + DH / 2]);
-            v1 = toF(cacheV[off + i]);
-            v2 = toF(cacheV[off + i + DH / 2]);
+            loadTile(stage, stage);
         }
-        else if (key < numKeys)
+        cpAsyncCommit();
+    }
+
+    // Q fragments of this warp's 16 rows stay in registers for the whole split (A operand layout of m16n8k16).
+    int32_t const row0 = rowBase + warp * 16 + quadRow;
+    int32_t const row1 = row0 + 8;
+    bool const warpActive = rowBase + warp * 16 < totalRows;
+    uint32_t qFrag[kKSTEPS][4];
+    {
+        uint32_t const* q32 = static_cast<uint32_t const*>(ws.ropedQ);
+        size_t const qBase = headIndex * totalRows * DH / 2;
+#pragma unroll
+        for (int32_t kk = 0; kk < kKSTEPS; ++kk)
         {
-            int32_t const slot = key - numCached;
-            size_t const off = ((static_cast<size_t>(b) * p.blockLen + slot) * p.numKvHeads + kvHead) * DH;
-            T const* k = static_cast<T const*>(p.k) + off;
-            T const* v = static_cast<T const*>(p.v) + off;
-            k1 = toF(k[i]);
-            k2 = toF(k[i + DH / 2]);
-            rope<T>(k1, k2, p.rope, i, numCached + slot);
-            v1 = toF(v[i]);
-            v2 = toF(v[i + DH / 2]);
+            int32_t const col = kk * 16 + quadCol * 2;
+            qFrag[kk][0] = row0 < totalRows ? q32[qBase + (static_cast<size_t>(row0) * DH + col) / 2] : 0U;
+            qFrag[kk][1] = row1 < totalRows ? q32[qBase + (static_cast<size_t>(row1) * DH + col) / 2] : 0U;
+            qFrag[kk][2] = row0 < totalRows ? q32[qBase + (static_cast<size_t>(row0) * DH + col + 8) / 2] : 0U;
+            qFrag[kk][3] = row1 < totalRows ? q32[qBase + (static_cast<size_t>(row1) * DH + col + 8) / 2] : 0U;
         }
-        sK[j * L::kKV_STRIDE + i] = k1;
-        sK[j * L::kKV_STRIDE + i + DH / 2] = k2;
-        sV[j * L::kKV_STRIDE + i] = v1;
-        sV[j * L::kKV_STRIDE + i + DH / 2] = v2;
+    }
+
+    float const qScale = p.softmaxScale * kLOG2E; // scores in log2 units: exp2f below
+    float acc[kDH_NTILES][4];
+#pragma unroll
+    for (int32_t d = 0; d < kDH_NTILES; ++d)
+    {
+        acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.F;
+    }
+    float rowMax[2] = {-INFINITY, -INFINITY};
+    float rowSum[2] = {0.F, 0.F}; // this thread's share; the quad's four shares are added at the end
+
+    for (int32_t tile = 0; tile < numTiles; ++tile)
+    {
+        cpAsyncWait<kMMA_STAGES - 2>(); // this thread's copies of `tile` have landed
+        __syncthreads();                // everyone's have, and everyone is done with tile - 1's stage
+        if (tile + kMMA_STAGES - 1 < numTiles)
+        {
+            loadTile(tile + kMMA_STAGES - 1, (tile + kMMA_STAGES - 1) % kMMA_STAGES);
+        }
+        cpAsyncCommit();
+        if (!warpActive)
+        {
+            continue;
+        }
+        T const* tileK = sK + (tile % kMMA_STAGES) * kTILE_ELEMENTS;
+        T const* tileV = sV + (tile % kMMA_STAGES) * kTILE_ELEMENTS;
+
+        float score[kKEY_NTILES][4];
+#pragma unroll
+        for (int32_t j = 0; j < kKEY_NTILES; ++j)
+        {
+            score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.F;
+        }
+        // ldmatrix.x4: lanes 8m..8m+7 address rows of matrix m = (key tile j + m/2, chunk 2kk + m%2).
+        int32_t const matrix = lane / 8;
+        int32_t const matrixRow = lane % 8;
+#pragma unroll
+        for (int32_t kk = 0; kk < kKSTEPS; ++kk)
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kKEY_NTILES; j += 2)
+            {
+                uint32_t bFrag[4];
+                int32_t const key = (j + matrix / 2) * 8 + matrixRow;
+                ldmatrixX4(bFrag, tileK + tileOffset<DH>(key, 2 * kk + matrix % 2));
+                mma16816<T>(score[j], qFrag[kk], bFrag[0], bFrag[1]);
+                mma16816<T>(score[j + 1], qFrag[kk], bFrag[2], bFrag[3]);
+            }
+        }
+
+        // Online softmax: rows row0 (elements 0, 1) and row1 (elements 2, 3) of each key n-tile.
+        int32_t const tileKey0 = keyBegin + tile * kMMA_KEY_TILE;
+        float tileMax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int32_t j = 0; j < kKEY_NTILES; ++j)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                int32_t const key = tileKey0 + j * 8 + quadCol * 2 + (e & 1);
+                score[j][e] = key < keyEnd ? score[j][e] * qScale : -INFINITY;
+                tileMax[e / 2] = fmaxf(tileMax[e / 2], score[j][e]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int32_t r = 0; r < 2; ++r)
+        {
+            tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xFFFFFFFFU, tileMax[r], 1));
+            tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xFFFFFFFFU, tileMax[r], 2));
+            float const newMax = fmaxf(rowMax[r], tileMax[r]); // finite: every tile holds a real key
+            alpha[r] = exp2f(rowMax[r] - newMax);
+            rowMax[r] = newMax;
+            rowSum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int32_t d = 0; d < kDH_NTILES; ++d)
+        {
+            acc[d][0] *= alpha[0];
+            acc[d][1] *= alpha[0];
+            acc[d][2] *= alpha[1];
+            acc[d][3] *= alpha[1];
+        }
+
+        // P V: the score accumulators of key n-tiles (2s, 2s+1) form the A fragment of key step s.
+#pragma unroll
+        for (int32_t step = 0; step < kMMA_KEY_TILE / 16; ++step)
+        {
+            uint32_t pFrag[4];
+#pragma unroll
+            for (int32_t half = 0; half < 2; ++half)
+            {
+                float const* s = score[2 * step + half];
+                float lo;
+                float hi;
+                pFrag[2 * half] = packRounded<T>(exp2f(s[0] - rowMax[0]), exp2f(s[1] - rowMax[0]), lo, hi);
+                rowSum[0] += lo + hi;
+                pFrag[2 * half + 1] = packRounded<T>(exp2f(s[2] - rowMax[1]), exp2f(s[3] - rowMax[1]), lo, hi);
+                rowSum[1] += lo + hi;
+            }
+            // ldmatrix.x4.trans: matrix m = (keys 16 step + 8 (m%2) .., dh chunk d + m/2).
+            int32_t const key = step * 16 + (matrix % 2) * 8 + matrixRow;
+#pragma unroll
+            for (int32_t d = 0; d < kDH_NTILES; d += 2)
+            {
+                uint32_t bFrag[4];
+                ldmatrixX4Trans(bFrag, tileV + tileOffset<DH>(key, d + matrix / 2));
+                mma16816<T>(acc[d], pFrag, bFrag[0], bFrag[1]);
+                mma16816<T>(acc[d + 1], pFrag, bFrag[2], bFrag[3]);
+            }
+        }
+    }
+    cpAsyncWait<0>();
+    if (!warpActive)
+    {
+        return;
+    }
+
+#pragma unroll
+    for (int32_t r = 0; r < 2; ++r)
+    {
+        rowSum[r] += __shfl_xor_sync(0xFFFFFFFFU, rowSum[r], 1);
+        rowSum[r] += __shfl_xor_sync(0xFFFFFFFFU, rowSum[r], 2);
+    }
+    bool const direct = keyBegin == 0 && keyEnd == numCached + p.blockLen; // the sequence has a single split
+    size_t const numQueryRows = static_cast<size_t>(p.batch) * p.blockLen * p.numHeads;
+#pragma unroll
+    for (int32_t r = 0; r < 2; ++r)
+    {
+        int32_t const row = r == 0 ? row0 : row1;
+        if (row >= totalRows)
+        {
+            continue;
+        }
+        size_t const outRow = outputRow(p, b, kvHead, row);
+        if (direct)
+        {
+            float const inv = 1.F / rowSum[r];
+            uint32_t* out32 = reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + outRow * DH);
+#pragma unroll
+            for (int32_t d = 0; d < kDH_NTILES; ++d)
+            {
+                float lo;
+                float hi;
+                out32[(d * 8 + quadCol * 2) / 2]
+                    = packRounded<T>(acc[d][2 * r] * inv, acc[d][2 * r + 1] * inv, lo, hi);
+            }
+        }
+        else
+        {
+            size_t const partialRow = static_cast<size_t>(split) * numQueryRows + outRow;
+            float2* acc2 = reinterpret_cast<float2*>(ws.partialAcc + partialRow * DH);
+#pragma unroll
+            for (int32_t d = 0; d < kDH_NTILES; ++d)
+            {
+                acc2[(d * 8 + quadCol * 2) / 2] = make_float2(acc[d][2 * r], acc[d][2 * r + 1]);
+            }
+            if (quadCol == 0)
+            {
+                ws.partialStats[partialRow * 2] = rowMax[r];
+                ws.partialStats[partialRow * 2 + 1] = rowSum[r];
+            }
+        }
     }
 }
 
-//! grid (splits, Hkv x row tiles, B), block kTHREADS. Online softmax over the key tiles of one context split.
-//! Query row r of the group maps to block slot r / G and head kvHead * G + r % G.
-template <typename T, int32_t DH>
-__global__ void __launch_bounds__(kTHREADS) attentionKernel(
-    DflashAttentionParams const p, int32_t numRowTiles, float* partialAcc, float* partialStats)
+// ---------------------------------------------------------------------------------------------------------------------
+// CUDA-core attention (fp32)
+
+//! Shared-memory layout of scalarAttentionKernel (floats); its size is sharedMemoryBytes(0, DH).
+template <int32_t DH>
+struct ScalarLayout
 {
-    using L = SmemLayout<DH>;
+    static constexpr int32_t kROWS = kSCALAR_ROW_ELEMENTS / DH;
+    static constexpr int32_t kKV_STRIDE = scalarKvStride(DH);
+    static constexpr int32_t kQ = 0;
+    static constexpr int32_t kACC = kQ + kROWS * DH;
+    static constexpr int32_t kK = kACC + kROWS * DH;
+    static constexpr int32_t kV = kK + kSCALAR_KEY_TILE * kKV_STRIDE;
+    static constexpr int32_t kS = kV + kSCALAR_KEY_TILE * kKV_STRIDE;
+    static constexpr int32_t kM = kS + kROWS * kSCALAR_KEY_TILE;
+    static constexpr int32_t kL = kM + kROWS;
+    static constexpr int32_t kALPHA = kL + kROWS;
+    static constexpr size_t kBYTES = sizeof(float) * (kALPHA + kROWS);
+    static_assert(kBYTES == sharedMemoryBytes(0, DH), "scalar layout and plan disagree");
+};
+
+//! grid (maxSplits, Hkv x row tiles, B), block kSCALAR_THREADS. Online softmax over 32-key tiles of one split.
+template <int32_t DH>
+__global__ void __launch_bounds__(kSCALAR_THREADS) scalarAttentionKernel(
+    DflashAttentionParams const p, Workspace const ws, int32_t numRowTiles)
+{
+    using L = ScalarLayout<DH>;
+    constexpr int32_t kWARPS = kSCALAR_THREADS / 32;
     extern __shared__ float smem[];
     float* sQ = smem + L::kQ;
     float* sAcc = smem + L::kACC;
@@ -177,55 +549,69 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
     float* sAlpha = smem + L::kALPHA;
 
     int32_t const split = blockIdx.x;
-    int32_t const numSplits = gridDim.x;
     int32_t const kvHead = blockIdx.y / numRowTiles;
     int32_t const rowBase = (blockIdx.y % numRowTiles) * L::kROWS;
     int32_t const b = blockIdx.z;
-    int32_t const group = p.numHeads / p.numKvHeads;
-    int32_t const numRows = min(L::kROWS, group * p.blockLen - rowBase);
-    int32_t const numCached = cachedRows(p, b);
-    int32_t const numKeys = numCached + p.blockLen;
-    int32_t const numTiles = (numKeys + kKEY_TILE - 1) / kKEY_TILE;
-    int32_t const tilesPerSplit = (numTiles + numSplits - 1) / numSplits;
-    int32_t const tileBegin = split * tilesPerSplit;
-    int32_t const tileEnd = min(numTiles, tileBegin + tilesPerSplit);
-    float const qScale = p.softmaxScale * kLOG2E; // scores in log2 units: exp2f below
-
-    for (int32_t idx = threadIdx.x; idx < numRows * DH / 2; idx += kTHREADS)
+    int32_t numCached;
+    int32_t keyBegin;
+    int32_t keyEnd;
+    if (!splitRange(p, b, split, numCached, keyBegin, keyEnd))
     {
-        int32_t const r = idx / (DH / 2);
-        int32_t const i = idx % (DH / 2);
-        int32_t const slot = (rowBase + r) / group;
-        int32_t const head = kvHead * group + (rowBase + r) % group;
-        T const* q = static_cast<T const*>(p.q) + ((static_cast<size_t>(b) * p.blockLen + slot) * p.numHeads + head) * DH;
-        float x1 = toF(q[i]);
-        float x2 = toF(q[i + DH / 2]);
-        rope<T>(x1, x2, p.rope, i, numCached + slot);
-        sQ[r * DH + i] = x1 * qScale;
-        sQ[r * DH + i + DH / 2] = x2 * qScale;
+        return;
     }
-    for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kTHREADS)
+    int32_t const group = p.numHeads / p.numKvHeads;
+    int32_t const totalRows = group * p.blockLen;
+    int32_t const numRows = min(L::kROWS, totalRows - rowBase);
+    size_t const headIndex = static_cast<size_t>(b) * p.numKvHeads + kvHead;
+    float const* cacheK = static_cast<float const*>(p.cacheK) + headIndex * p.cacheCapacity * DH;
+    float const* cacheV = static_cast<float const*>(p.cacheV) + headIndex * p.cacheCapacity * DH;
+    float const* blockK = static_cast<float const*>(ws.ropedK) + headIndex * p.blockLen * DH;
+    float const* blockV = static_cast<float const*>(p.v) + static_cast<size_t>(b) * p.blockLen * p.numKvHeads * DH
+        + kvHead * DH;
+    float const* ropedQ = static_cast<float const*>(ws.ropedQ) + (headIndex * totalRows + rowBase) * DH;
+    float const qScale = p.softmaxScale * kLOG2E;
+
+    for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kSCALAR_THREADS)
     {
+        sQ[idx] = ropedQ[idx] * qScale;
         sAcc[idx] = 0.F;
     }
-    for (int32_t r = threadIdx.x; r < numRows; r += kTHREADS)
+    for (int32_t r = threadIdx.x; r < numRows; r += kSCALAR_THREADS)
     {
         sM[r] = -INFINITY;
         sL[r] = 0.F;
     }
-
     int32_t const warp = threadIdx.x / 32;
     int32_t const lane = threadIdx.x % 32;
-    for (int32_t tile = tileBegin; tile < tileEnd; ++tile)
+    for (int32_t keyBase = keyBegin; keyBase < keyEnd; keyBase += kSCALAR_KEY_TILE)
     {
-        int32_t const keyBase = tile * kKEY_TILE;
-        __syncthreads(); // previous tile fully consumed (and sQ/sAcc initialised on the first pass)
-        loadKeyValueTile<T, DH>(p, sK, sV, b, kvHead, keyBase, numCached, numKeys);
-        __syncthreads();
-        for (int32_t idx = threadIdx.x; idx < numRows * kKEY_TILE; idx += kTHREADS)
+        __syncthreads(); // previous tile consumed (and sQ/sAcc initialised on the first pass)
+        for (int32_t idx = threadIdx.x; idx < kSCALAR_KEY_TILE * DH; idx += kSCALAR_THREADS)
         {
-            int32_t const r = idx / kKEY_TILE;
-            int32_t const j = idx % kKEY_TILE;
+            int32_t const j = idx / DH;
+            int32_t const d = idx % DH;
+            int32_t const key = keyBase + j;
+            float kx = 0.F;
+            float vx = 0.F;
+            if (key < min(numCached, keyEnd))
+            {
+                kx = cacheK[static_cast<size_t>(key) * DH + d];
+                vx = cacheV[static_cast<size_t>(key) * DH + d];
+            }
+            else if (key < keyEnd)
+            {
+                int32_t const slot = key - numCached;
+                kx = blockK[static_cast<size_t>(slot) * DH + d];
+                vx = blockV[static_cast<size_t>(slot) * p.numKvHeads * DH + d];
+            }
+            sK[j * L::kKV_STRIDE + d] = kx;
+            sV[j * L::kKV_STRIDE + d] = vx;
+        }
+        __syncthreads();
+        for (int32_t idx = threadIdx.x; idx < numRows * kSCALAR_KEY_TILE; idx += kSCALAR_THREADS)
+        {
+            int32_t const r = idx / kSCALAR_KEY_TILE;
+            int32_t const j = idx % kSCALAR_KEY_TILE;
             float const* qRow = sQ + r * DH;
             float const* kRow = sK + j * L::kKV_STRIDE;
             float dot = 0.F;
@@ -234,13 +620,12 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
             {
                 dot += qRow[d] * kRow[d];
             }
-            sS[idx] = keyBase + j < numKeys ? dot : -INFINITY;
+            sS[idx] = keyBase + j < keyEnd ? dot : -INFINITY;
         }
         __syncthreads();
-        // One warp per row, one lane per key: tile max, rescale factor and probabilities.
         for (int32_t r = warp; r < numRows; r += kWARPS)
         {
-            float const score = sS[r * kKEY_TILE + lane];
+            float const score = sS[r * kSCALAR_KEY_TILE + lane];
             float tileMax = score;
 #pragma unroll
             for (int32_t offset = 16; offset > 0; offset /= 2)
@@ -248,7 +633,7 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
                 tileMax = fmaxf(tileMax, __shfl_xor_sync(0xFFFFFFFFU, tileMax, offset));
             }
             float const oldMax = sM[r];
-            float const newMax = fmaxf(oldMax, tileMax); // finite: every tile holds at least one real key
+            float const newMax = fmaxf(oldMax, tileMax);
             float const prob = exp2f(score - newMax);
             float sum = prob;
 #pragma unroll
@@ -256,7 +641,7 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
             {
                 sum += __shfl_xor_sync(0xFFFFFFFFU, sum, offset);
             }
-            sS[r * kKEY_TILE + lane] = prob;
+            sS[r * kSCALAR_KEY_TILE + lane] = prob;
             __syncwarp();
             if (lane == 0)
             {
@@ -267,14 +652,14 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
             }
         }
         __syncthreads();
-        for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kTHREADS)
+        for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kSCALAR_THREADS)
         {
             int32_t const r = idx / DH;
             int32_t const d = idx % DH;
-            float const* probs = sS + r * kKEY_TILE;
+            float const* probs = sS + r * kSCALAR_KEY_TILE;
             float acc = sAcc[idx] * sAlpha[r];
 #pragma unroll 8
-            for (int32_t j = 0; j < kKEY_TILE; ++j)
+            for (int32_t j = 0; j < kSCALAR_KEY_TILE; ++j)
             {
                 acc += probs[j] * sV[j * L::kKV_STRIDE + d];
             }
@@ -283,117 +668,167 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
     }
     __syncthreads();
 
-    for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kTHREADS)
+    bool const direct = keyBegin == 0 && keyEnd == numCached + p.blockLen;
+    size_t const numQueryRows = static_cast<size_t>(p.batch) * p.blockLen * p.numHeads;
+    for (int32_t idx = threadIdx.x; idx < numRows * DH; idx += kSCALAR_THREADS)
     {
         int32_t const r = idx / DH;
         int32_t const d = idx % DH;
-        int32_t const slot = (rowBase + r) / group;
-        int32_t const head = kvHead * group + (rowBase + r) % group;
-        size_t const row = (static_cast<size_t>(b) * p.blockLen + slot) * p.numHeads + head;
-        if (numSplits == 1)
+        size_t const outRow = outputRow(p, b, kvHead, rowBase + r);
+        if (direct)
         {
-            static_cast<T*>(p.out)[row * DH + d] = fromF<T>(sAcc[idx] / sL[r]);
+            static_cast<float*>(p.out)[outRow * DH + d] = sAcc[idx] / sL[r];
         }
         else
         {
-            size_t const partialRow = static_cast<size_t>(split) * p.batch * p.blockLen * p.numHeads + row;
-            partialAcc[partialRow * DH + d] = sAcc[idx];
+            size_t const partialRow = static_cast<size_t>(split) * numQueryRows + outRow;
+            ws.partialAcc[partialRow * DH + d] = sAcc[idx];
             if (d == 0)
             {
-                partialStats[partialRow * 2] = sM[r];
-                partialStats[partialRow * 2 + 1] = sL[r];
+                ws.partialStats[partialRow * 2] = sM[r];
+                ws.partialStats[partialRow * 2 + 1] = sL[r];
             }
         }
     }
 }
 
-//! grid (B x S x Hq), block Dh: merge the per-split (max, sum, unnormalised output) of one query row.
+// ---------------------------------------------------------------------------------------------------------------------
+// Combine and launch
+
+//! grid (B x S x Hq), block Dh: merge the splits, in split order, of one query row of a sequence with several splits
+//! (rows of single-split sequences were written by the attention kernel).
 template <typename T, int32_t DH>
-__global__ void combineKernel(DflashAttentionParams const p, int32_t numSplits, float const* partialAcc,
-    float const* partialStats)
+__global__ void combineKernel(DflashAttentionParams const p, Workspace const ws)
 {
     size_t const row = blockIdx.x;
-    size_t const numRowsTotal = static_cast<size_t>(p.batch) * p.blockLen * p.numHeads;
+    int32_t const b = static_cast<int32_t>(row / (static_cast<size_t>(p.blockLen) * p.numHeads));
+    int32_t const numSplits = numSplitsForKeys(cachedRows(p, b) + p.blockLen);
+    if (numSplits == 1)
+    {
+        return;
+    }
+    size_t const numQueryRows = static_cast<size_t>(p.batch) * p.blockLen * p.numHeads;
     int32_t const d = threadIdx.x;
     float globalMax = -INFINITY;
     for (int32_t s = 0; s < numSplits; ++s)
     {
-        globalMax = fmaxf(globalMax, partialStats[(s * numRowsTotal + row) * 2]);
+        globalMax = fmaxf(globalMax, ws.partialStats[(s * numQueryRows + row) * 2]);
     }
     float sum = 0.F;
     float acc = 0.F;
     for (int32_t s = 0; s < numSplits; ++s)
     {
-        size_t const partialRow = s * numRowsTotal + row;
-        float const weight = exp2f(partialStats[partialRow * 2] - globalMax); // empty split: exp2(-inf) = 0
-        sum += weight * partialStats[partialRow * 2 + 1];
-        acc += weight * partialAcc[partialRow * DH + d];
+        size_t const partialRow = s * numQueryRows + row;
+        float const weight = exp2f(ws.partialStats[partialRow * 2] - globalMax);
+        sum += weight * ws.partialStats[partialRow * 2 + 1];
+        acc += weight * ws.partialAcc[partialRow * DH + d];
     }
     static_cast<T*>(p.out)[row * DH + d] = fromF<T>(acc / sum);
 }
 
-//! Splits of the context: enough CTAs to cover the SMs about twice, within the workspace and the longest context.
-int32_t chooseNumSplits(DflashAttentionParams const& p, int32_t numRowTiles, size_t workspaceSize)
+//! Raise a kernel's dynamic shared-memory limit once per device (cudaFuncSetAttribute is not a per-launch call).
+template <typename Kernel>
+cudaError_t allowSharedMemory(Kernel kernel, size_t bytes)
 {
-    if (workspaceSize < dflashAttentionWorkspaceSize(p.batch, p.blockLen, p.numHeads, p.headDim))
-    {
-        return 1;
-    }
+    static std::mutex mutex;
+    static uint64_t configuredDevices = 0;
     int device = 0;
-    int numSms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess
-        || cudaDeviceGetAttribute(&numSms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess || bytes <= 48 * 1024 || device >= 64)
     {
-        return 1;
+        return device >= 64 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                   static_cast<int>(bytes))
+                            : status;
     }
-    int32_t const numCtas = p.batch * p.numKvHeads * numRowTiles;
-    int32_t const maxTiles = (p.cacheCapacity + p.blockLen + kKEY_TILE - 1) / kKEY_TILE;
-    int32_t const wanted = (2 * numSms + numCtas - 1) / numCtas;
-    return std::max(1, std::min({wanted, maxTiles, kMAX_SPLITS}));
+    std::lock_guard<std::mutex> lock(mutex);
+    if ((configuredDevices >> device & 1U) == 0)
+    {
+        status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        if (status == cudaSuccess)
+        {
+            configuredDevices |= uint64_t{1} << device;
+        }
+    }
+    return status;
+}
+
+template <typename T>
+constexpr int32_t dataTypeCode()
+{
+    return sizeof(T) == 4 ? 0 : (std::is_same<T, __half>::value ? 1 : 2);
+}
+
+bool aligned16(void const* ptr)
+{
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
 template <typename T, int32_t DH>
 cudaError_t launchWithHeadDim(DflashAttentionParams const& p, void* workspace, size_t workspaceSize, cudaStream_t stream)
 {
-    using L = SmemLayout<DH>;
-    if (p.ctxRows > 0)
+    constexpr int32_t kTYPE = dataTypeCode<T>();
+    WorkspaceLayout const layout
+        = workspaceLayout(p.batch, p.blockLen, p.numHeads, p.numKvHeads, DH, p.cacheCapacity, kTYPE);
+    if (workspace == nullptr || workspaceSize < layout.totalBytes)
     {
-        appendContextKernel<T, DH><<<dim3(p.ctxRows, p.numKvHeads, p.batch), DH / 2, 0, stream>>>(p);
-        cudaError_t const status = cudaGetLastError();
-        if (status != cudaSuccess)
-        {
-            return status;
-        }
+        return cudaErrorInvalidValue;
     }
-    int32_t const group = p.numHeads / p.numKvHeads;
-    int32_t const numRowTiles = (group * p.blockLen + L::kROWS - 1) / L::kROWS;
-    int32_t const numSplits = chooseNumSplits(p, numRowTiles, workspaceSize);
-    float* partialAcc = static_cast<float*>(workspace);
-    float* partialStats = partialAcc + static_cast<size_t>(numSplits) * p.batch * p.blockLen * p.numHeads * DH;
+    if (kTYPE != 0
+        && !(aligned16(p.v) && aligned16(p.cacheK) && aligned16(p.cacheV) && aligned16(workspace)))
+    {
+        return cudaErrorMisalignedAddress;
+    }
+    char* base = static_cast<char*>(workspace);
+    Workspace const ws{base + layout.ropedQ, base + layout.ropedK, reinterpret_cast<float*>(base + layout.partialAcc),
+        reinterpret_cast<float*>(base + layout.partialStats), layout.maxSplits};
 
-    cudaError_t status = cudaFuncSetAttribute(
-        attentionKernel<T, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBYTES));
+    prepareKernel<T, DH><<<dim3(p.ctxRows + p.blockLen, p.numKvHeads, p.batch), DH / 2, 0, stream>>>(p, ws);
+    cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess)
     {
         return status;
     }
-    dim3 const grid(numSplits, p.numKvHeads * numRowTiles, p.batch);
-    attentionKernel<T, DH><<<grid, kTHREADS, L::kBYTES, stream>>>(p, numRowTiles, partialAcc, partialStats);
-    status = cudaGetLastError();
-    if (status != cudaSuccess || numSplits == 1)
+    int32_t const group = p.numHeads / p.numKvHeads;
+    int32_t const rows = rowsPerCta(kTYPE, DH);
+    int32_t const numRowTiles = (group * p.blockLen + rows - 1) / rows;
+    dim3 const grid(layout.maxSplits, p.numKvHeads * numRowTiles, p.batch);
+    size_t const smemBytes = sharedMemoryBytes(kTYPE, DH);
+    if constexpr (kTYPE == 0)
+    {
+        status = allowSharedMemory(scalarAttentionKernel<DH>, smemBytes);
+        if (status == cudaSuccess)
+        {
+            scalarAttentionKernel<DH><<<grid, kSCALAR_THREADS, smemBytes, stream>>>(p, ws, numRowTiles);
+        }
+    }
+    else
+    {
+        status = allowSharedMemory(mmaAttentionKernel<T, DH>, smemBytes);
+        if (status == cudaSuccess)
+        {
+            mmaAttentionKernel<T, DH><<<grid, kMMA_THREADS, smemBytes, stream>>>(p, ws, numRowTiles);
+        }
+    }
+    if (status != cudaSuccess)
     {
         return status;
     }
-    combineKernel<T, DH><<<p.batch * p.blockLen * p.numHeads, DH, 0, stream>>>(p, numSplits, partialAcc, partialStats);
+    status = cudaGetLastError();
+    if (status != cudaSuccess || layout.maxSplits == 1)
+    {
+        return status;
+    }
+    combineKernel<T, DH><<<p.batch * p.blockLen * p.numHeads, DH, 0, stream>>>(p, ws);
     return cudaGetLastError();
 }
 
 } // namespace
 
-size_t dflashAttentionWorkspaceSize(int32_t batch, int32_t blockLen, int32_t numHeads, int32_t headDim) noexcept
+size_t dflashAttentionWorkspaceSize(int32_t batch, int32_t blockLen, int32_t numHeads, int32_t numKvHeads,
+    int32_t headDim, int32_t cacheCapacity, DataType type) noexcept
 {
-    size_t const rows = static_cast<size_t>(kMAX_SPLITS) * batch * blockLen * numHeads;
-    return sizeof(float) * rows * (headDim + 2);
+    return workspaceLayout(batch, blockLen, numHeads, numKvHeads, headDim, cacheCapacity, static_cast<int32_t>(type))
+        .totalBytes;
 }
 
 template <typename T>
