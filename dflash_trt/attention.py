@@ -7,9 +7,49 @@ over [cached context ; block].
 
 from __future__ import annotations
 
+import functools
+import os
+import warnings
+
 import torch
 
 from .rope import RotaryEmbedding
+
+# Which implementation runs for CUDA tensors: "auto" (the CUDA kernels, falling back to this reference with a warning
+# when they cannot be built), "cuda" (the kernels or an error) or "torch" (always this reference).
+BACKEND_ENV = "DFLASH_DRAFT_ATTENTION"
+_cuda_unavailable: str | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def _fields(rope: RotaryEmbedding, num_heads: int, num_kv_heads: int, head_dim: int) -> list[float]:
+    from .plugin.cuda_op import rope_fields
+
+    return rope_fields(rope, num_heads, num_kv_heads, head_dim)
+
+
+def _cuda_backend(q: torch.Tensor, k: torch.Tensor, rope: RotaryEmbedding):
+    """The in-place CUDA op and its fields when it should run for these tensors, else None."""
+    global _cuda_unavailable
+    backend = os.environ.get(BACKEND_ENV, "auto")
+    if not q.is_cuda or backend == "torch" or (_cuda_unavailable and backend == "auto"):
+        return None
+    from .plugin import cuda_op, torch_op
+
+    if q.shape[3] not in cuda_op.HEAD_DIMS:  # a model the kernels do not cover: the reference runs it
+        if backend == "cuda":
+            raise cuda_op.CudaOpUnavailable(f"head_dim {q.shape[3]}: the kernels support {cuda_op.HEAD_DIMS}")
+        return None
+    try:
+        fields = _fields(rope, q.shape[2], k.shape[2], q.shape[3])
+        cuda_op.load_cuda_op()
+    except cuda_op.CudaOpUnavailable as exc:
+        if backend == "cuda":
+            raise
+        _cuda_unavailable = str(exc)
+        warnings.warn(f"draft attention falls back to PyTorch on CUDA: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+    return torch_op.draft_attention_inplace, fields
 
 
 def draft_attention(
@@ -32,7 +72,12 @@ def draft_attention(
     [cache_lens[b], cache_lens[b] + ctx_lens[b]); cache_lens, ctx_lens [B] int64.
     Context row i of sequence b sits at position cache_lens[b] + i; block slot j at cache_lens[b] +
     ctx_lens[b] + j. Returns [B,S,Hq,Dh] in q's dtype.
+    On CUDA tensors the project's CUDA kernels run instead (see BACKEND_ENV), with the same contract.
     """
+    cuda = _cuda_backend(q, k, rope)
+    if cuda is not None:
+        op, fields = cuda
+        return op(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields)
     batch, block_size, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     num_ctx = ctx_k.shape[1]
