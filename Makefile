@@ -38,8 +38,12 @@ OPENAI_PORT ?=
 BENCH_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
+# GPU check: the Python with a CUDA torch (the venv's when it exists; a GPU image's own python3 otherwise, since
+# the check must not install anything) and extra options (e.g. --quick, --target-layers 8, --budget-s 300).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -91,6 +95,9 @@ plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what 
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"
 	cmake --build plugins/build -j $(NPROC)
 	@cat plugins/build/summary.txt
+
+gpu-check: ## On one CUDA GPU: build the kernels, check them (reference, sanitizer, graphs, greedy decoding), time steps; [OUT=out/gpu-check]
+	@$(GPU_PYTHON) -m dflash_trt.gpu_check --out $(or $(OUT),out/gpu-check) $(GPU_CHECK_ARGS)
 
 clean: ## Remove build outputs (engines, plugin build); keeps .venv
 	rm -rf engines/*/ plugins/build

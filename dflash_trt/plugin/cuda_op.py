@@ -2,7 +2,8 @@
 torch.ops.dflash_cuda.draft_attention_: the CUDA implementation of the ops in torch_op.py.
 
 The extension is compiled once per (sources, torch, GPU architecture) with nvcc and the include and library paths
-of torch.utils.cpp_extension, into plugins/build/torch_ext/<hash>/, under a file lock; no ninja is needed.
+of torch.utils.cpp_extension, into plugins/build/torch_ext/<hash>/, under a file lock; neither ninja nor CMake is
+needed.
 """
 
 from __future__ import annotations
@@ -35,15 +36,30 @@ def gencode_flags(capability: tuple[int, int]) -> list[str]:
     return ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
 
 
-def nvcc_command(nvcc: str, include_dirs: list[str], library_dirs: list[str], capability: tuple[int, int],
-                 cxx11_abi: bool, out: Path) -> list[str]:
-    """The single nvcc call that compiles and links the extension (a pure function, tested without CUDA)."""
-    return [nvcc, "-shared", "-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", *gencode_flags(capability),
-            *(f"-I{d}" for d in (*include_dirs, str(SOURCE_DIR))),
-            *(str(SOURCE_DIR / s) for s in SOURCES),
+def nvcc_commands(nvcc: str, include_dirs: list[str], library_dirs: list[str], capability: tuple[int, int],
+                  cxx11_abi: bool, out: Path) -> tuple[list[list[str]], list[str]]:
+    """(one compile command per source, the link command): pure, tested without CUDA. The sources compile in
+    parallel; torch's headers make each take about a minute."""
+    flags = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", *gencode_flags(capability),
+             *(f"-I{d}" for d in (*include_dirs, str(SOURCE_DIR)))]
+    objects = [out.parent / f"{Path(source).stem}.o" for source in SOURCES]
+    compiles = [[nvcc, "-c", *flags, str(SOURCE_DIR / source), "-o", str(obj)] for source, obj in zip(SOURCES, objects)]
+    link = [nvcc, "-shared", *gencode_flags(capability), *(str(o) for o in objects),
             *(f"-L{d}" for d in library_dirs), *(f"-Xlinker=-rpath,{d}" for d in library_dirs),
             "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda", "-o", str(out)]
+    return compiles, link
+
+
+def _run_all(commands: list[list[str]]) -> None:
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    failures = []
+    for command, proc in zip(commands, procs):
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"{Path(command[-3]).name}: {output[-1500:]}")
+    if failures:
+        raise CudaOpUnavailable("nvcc failed to build the CUDA draft-attention op: " + " | ".join(failures))
 
 
 def _source_hash(capability: tuple[int, int]) -> str:
@@ -68,12 +84,11 @@ def build_extension(device: torch.device | int | None = None, build_root: Path =
     with open(out_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.is_file():
-            command = nvcc_command(str(Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc"),
-                                   cpp_extension.include_paths("cuda"), cpp_extension.library_paths("cuda"),
-                                   capability, torch._C._GLIBCXX_USE_CXX11_ABI, out.with_suffix(".tmp"))
-            proc = subprocess.run(command, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise CudaOpUnavailable(f"nvcc failed to build the CUDA draft-attention op: {proc.stderr[-2000:]}")
+            compiles, link = nvcc_commands(str(Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc"),
+                                           cpp_extension.include_paths("cuda"), cpp_extension.library_paths("cuda"),
+                                           capability, torch._C._GLIBCXX_USE_CXX11_ABI, out.with_suffix(".tmp"))
+            _run_all(compiles)
+            _run_all([link])
             out.with_suffix(".tmp").rename(out)
     return out
 

@@ -4,6 +4,7 @@ compiles against torch's headers."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -35,14 +36,19 @@ def test_inplace_op_schema_declares_the_cache_mutations(cpu_library):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_nvcc_command_targets_the_device_and_links_torch(tmp_path):
-    command = cuda_op.nvcc_command("nvcc", ["/inc"], ["/lib"], (12, 0), True, tmp_path / "x.so")
-    assert command[:2] == ["nvcc", "-shared"]
-    assert "arch=compute_120,code=sm_120" in command and "-D_GLIBCXX_USE_CXX11_ABI=1" in command
-    assert {"-lc10_cuda", "-ltorch_cuda"} <= set(command)
-    sources = [c for c in command if c.endswith((".cu", ".cpp"))]
-    assert len(sources) == len(cuda_op.SOURCES) and all(__import__("os").path.isfile(s) for s in sources)
-    assert "arch=compute_90,code=sm_90" in cuda_op.nvcc_command("nvcc", [], [], (9, 0), False, tmp_path / "y")
+def test_nvcc_commands_target_the_device_and_link_torch(tmp_path):
+    compiles, link = cuda_op.nvcc_commands("nvcc", ["/inc"], ["/lib"], (12, 0), True, tmp_path / "x.so")
+    sources = [c[c.index("-o") - 1] for c in compiles]
+    assert sorted(os.path.basename(s) for s in sources) == sorted(cuda_op.SOURCES)
+    assert all(os.path.isfile(s) for s in sources)
+    for command in compiles:
+        assert command[:2] == ["nvcc", "-c"] and "arch=compute_120,code=sm_120" in command
+        assert "-D_GLIBCXX_USE_CXX11_ABI=1" in command and "-I/inc" in command
+    objects = [c[-1] for c in compiles]
+    assert link[:2] == ["nvcc", "-shared"] and all(o in link for o in objects) and link[-1] == str(tmp_path / "x.so")
+    assert {"-lc10_cuda", "-ltorch_cuda", "-L/lib"} <= set(link)
+    compiles, _ = cuda_op.nvcc_commands("nvcc", [], [], (9, 0), False, tmp_path / "y")
+    assert "arch=compute_90,code=sm_90" in compiles[0]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -61,10 +67,8 @@ def test_extension_source_compiles_against_torch_headers(tmp_path):
     stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    command = ["nvcc", "-c", "-std=c++20", "-O1", "-Xcompiler", "-fPIC", "-arch=sm_90",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               *(f"-I{d}" for d in cpp_extension.include_paths()), f"-I{tmp_path / 'stub'}",
-               f"-I{cuda_op.SOURCE_DIR}", str(cuda_op.SOURCE_DIR / "dflashAttentionTorch.cu"),
-               "-o", str(tmp_path / "torch_op.o")]
+    compiles, _ = cuda_op.nvcc_commands("nvcc", [*cpp_extension.include_paths(), str(tmp_path / "stub")], [],
+                                        (9, 0), torch._C._GLIBCXX_USE_CXX11_ABI, tmp_path / "x.so")
+    command = next(c for c in compiles if "dflashAttentionTorch.cu" in c[-3])
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Comparisons of the CUDA op against the PyTorch reference, shared by the GPU tests and `make gpu-check`.
+"""Tolerances of the CUDA op against the PyTorch reference, shared by the GPU tests and `make gpu-check`.
 
 Tolerances are elementwise, |kernel - ref| <= rtol |ref| + atol max|ref|, plus a bound on the mean error: the
 tensor-core kernels round the softmax weights P to the I/O type for the P V product (as FlashAttention does), so a
