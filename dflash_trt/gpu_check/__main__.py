@@ -50,7 +50,7 @@ def build_section() -> Section:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("out/gpu-check"), help="directory of gpu-check.json")
-    parser.add_argument("--quick", action="store_true", help="smaller shapes and a 4-layer target (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="smaller shapes and an 8-layer target (a smoke run)")
     parser.add_argument("--target-layers", type=int, default=None, help="target depth (default 36, Qwen3-8B's)")
     parser.add_argument("--budget-s", type=float, default=450.0, help="skip sections that start after this")
     args = parser.parse_args(argv)
@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import kernel_checks, model_checks, sanitizer
 
     started = time.perf_counter()
-    layers = args.target_layers or (4 if args.quick else 36)
+    layers = args.target_layers or (8 if args.quick else 36)
+    if layers < model_checks.DRAFT_LAYERS + 3:  # the drafter reads 5 distinct target layers in 1 .. N-3
+        parser.error(f"--target-layers must be at least {model_checks.DRAFT_LAYERS + 3}")
     sections: list[Section] = []
     pair: dict = {}
 
