@@ -55,18 +55,23 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
     g = torch.Generator().manual_seed(1)
     vocab = target.vocab_size - 1  # the last id is the drafter's mask token
     prompts = [torch.randint(0, vocab, (prompt_len + 3 * i,), generator=g).tolist() for i in range(num_prompts)]
-    results = generate(target, drafter, prompts, SamplingParams(max_new_tokens=new_tokens), block_size=BLOCK)
+    from ..graphed_drafter import GraphedDrafter
+
+    params = SamplingParams(max_new_tokens=new_tokens)
+    results = generate(target, drafter, prompts, params, block_size=BLOCK)
+    graphed = generate(target, GraphedDrafter(drafter), prompts, params, block_size=BLOCK)
     mismatches = 0
-    for i, (prompt, result) in enumerate(zip(prompts, results)):
+    for i, (prompt, result, graphed_result) in enumerate(zip(prompts, results, graphed)):
         ids = torch.tensor([prompt], device=target.device)
         with torch.inference_mode():
             expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0, len(prompt):]
         ours = list(result.token_ids)
-        same = ours == expected.tolist()
+        same = ours == expected.tolist() == list(graphed_result.token_ids)
         first = next((j for j, (a, b) in enumerate(zip(ours, expected.tolist())) if a != b), None)
         mismatches += 0 if same else 1
         section.rows.append({"prompt": i, "tokens": len(ours), "identical": same,
+                             "graphed_drafts_equal": graphed_result.acceptance_lengths == result.acceptance_lengths,
                              "first_difference": "" if same else first,
                              "tau": sum(result.acceptance_lengths) / max(len(result.acceptance_lengths), 1)})
     if mismatches:
@@ -76,8 +81,8 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
 
 def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_rows: int = 7,
                iterations: int = 10) -> Section:
-    """Eager (no CUDA graphs) times of one AR step, one draft (all drafter layers + the target's head on 15 slots)
-    and one verify of a 16-token block, at `context` cached tokens."""
+    """Times of one AR step, one draft (all drafter layers + the target's head on 15 slots) and one verify of a
+    16-token block, at `context` cached tokens: eager, plus the draft through GraphedDrafter (one CUDA graph)."""
     section = Section(f"step times (eager, {context}-token context) and the speedup implied at tau {PAPER_TAU}")
     device = target.device
     layer_ids = drafter.config.target_layer_ids
@@ -111,10 +116,23 @@ def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_row
 
         with torch.inference_mode():
             t_draft = time_us(draft, iterations=iterations)
+        from ..graphed_drafter import GraphedDrafter
+
+        graphed = GraphedDrafter(drafter)
+        graphed_cache = graphed.new_cache(batch, context + 2 * BLOCK)
+
+        def graphed_draft():
+            graphed_cache.lens = start_lens
+            graphed.propose(target, block, features, ctx_lens, graphed_cache)
+
+        t_draft_graphed = time_us(graphed_draft, iterations=iterations)
         section.rows.append({"batch": batch, "t_AR_ms": t_ar / 1e3, "t_draft_ms": t_draft / 1e3,
                              "t_verify16_ms": t_verify / 1e3, "verify_over_AR": t_verify / t_ar,
-                             "implied_speedup": implied_speedup(PAPER_TAU, t_ar, t_draft, t_verify)})
-        del cache, draft_cache
+                             "implied_speedup": implied_speedup(PAPER_TAU, t_ar, t_draft, t_verify),
+                             "t_draft_graphed_ms": t_draft_graphed / 1e3,
+                             "implied_speedup_graphed_draft": implied_speedup(PAPER_TAU, t_ar, t_draft_graphed,
+                                                                              t_verify)})
+        del cache, draft_cache, graphed_cache
         if device.type == "cuda":
             torch.cuda.empty_cache()
     section.message = "targets: t_verify(16)/t_AR <= 1.3 at batch 1; implied speedup >= 4.5 (the paper: 4.86x)"
