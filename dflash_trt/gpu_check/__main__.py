@@ -68,20 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     if layers < model_checks.DRAFT_LAYERS + 3:  # the drafter reads 5 distinct target layers in 1 .. N-3
         parser.error(f"--target-layers must be at least {model_checks.DRAFT_LAYERS + 3}")
     sections: list[Section] = []
-    pair: dict = {}
 
-    def model_pair():
-        if not pair:
-            pair["models"] = model_checks.build_pair(layers)
-        return pair["models"]
+    def greedy():
+        # fp32 (no TF32) so that a 16-token verify and a 1-token step agree to the last decision; 8 layers suffice
+        # for the loop's logic at the real width.
+        section = model_checks.greedy_equality(*model_checks.build_pair(8, dtype=torch.float32))
+        torch.cuda.empty_cache()
+        return section
 
     plan = [
         ("build the CUDA kernels (torch extension)", build_section),
         ("kernel vs PyTorch reference", lambda: kernel_checks.correctness(args.quick)),
         ("CUDA graph capture and replay", kernel_checks.graphs),
         ("kernel time vs SDPA vs HBM floor", lambda: kernel_checks.timing(args.quick)),
-        ("decoding loop on CUDA vs transformers greedy generate", lambda: model_checks.greedy_equality(*model_pair())),
-        ("step times and implied speedup", lambda: model_checks.step_times(*model_pair())),
+        ("decoding loop on CUDA vs transformers greedy generate", greedy),
+        ("step times and implied speedup", lambda: model_checks.step_times(*model_checks.build_pair(layers))),
         ("compute-sanitizer on small cases", lambda: sanitizer.run(
             timeout_s=max(60.0, args.budget_s - (time.perf_counter() - started)))),
     ]

@@ -4,7 +4,8 @@ step times t_AR, t_draft, t_verify(16) with the speedup they imply.
 The target is a random-weight Qwen3 at Qwen3-8B's width (hidden 4096, 32/8 heads, head_dim 128, FFN 12288, vocab
 151936; 36 layers unless told otherwise) and the drafter a random-weight DFlash drafter of the same width (5 layers,
 block 16), both built directly on the device in bf16. Random weights make the drafts poor (tau ~ 1), which does not
-matter: the greedy output must equal the target's own, and the step times do not depend on the weights.
+matter: the greedy output must equal the target's own, and the step times do not depend on the weights. The greedy
+check runs an 8-layer pair in fp32 (exact decisions); the step times the full-depth pair in bf16.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ VOCAB = 151936
 
 
 def build_pair(target_layers: int, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+    """A random-weight Qwen3-8B-width target with `target_layers` layers and a DFlash drafter, built on `device`."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from ..config import DrafterConfig, default_target_layer_ids
@@ -51,7 +53,8 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
     from ..decoding import generate
     from ..sampling import SamplingParams
 
-    section = Section("decoding loop on CUDA vs transformers greedy generate")
+    section = Section(f"decoding loop on CUDA vs transformers greedy generate ({target.num_layers}-layer target, "
+                      f"{next(drafter.parameters()).dtype})")
     g = torch.Generator().manual_seed(1)
     vocab = target.vocab_size - 1  # the last id is the drafter's mask token
     prompts = [torch.randint(0, vocab, (prompt_len + 3 * i,), generator=g).tolist() for i in range(num_prompts)]
