@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import torch
 
-# dtype: (rtol, atol as a fraction of max|ref|, mean error as a fraction of mean|ref|)
-TOLERANCES = {torch.bfloat16: (2.0 ** -7, 2.0 ** -8, 2.0 ** -8), torch.float16: (2.0 ** -10, 2.0 ** -11, 2.0 ** -11),
-              torch.float32: (1e-5, 1e-6, 1e-6)}
+# dtype: (rtol, atol as a fraction of max|ref|, mean error as a fraction of mean|ref|). For 16-bit types rtol is two
+# half-units of the last place (output rounding) and atol about 8 standard deviations of the error that rounding P
+# adds (for inputs ~ N(0, 1)); fp32 allows the sum-order differences of ~1e3-key softmaxes.
+TOLERANCES = {torch.bfloat16: (2.0 ** -7, 2.0 ** -8, 2.0 ** -7), torch.float16: (2.0 ** -10, 2.0 ** -11, 2.0 ** -10),
+              torch.float32: (1e-4, 1e-5, 2e-5)}
 ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -22}
 
 

@@ -88,7 +88,7 @@ struct Tolerance
 
 Tolerance tolerance(DataType type)
 {
-    return type == DataType::kFLOAT ? Tolerance{2e-5F, 2e-6F}
+    return type == DataType::kFLOAT ? Tolerance{1e-4F, 1e-5F}
                                     : (type == DataType::kHALF ? Tolerance{2.F / 1024, 1.F / 4096}
                                                                : Tolerance{2.F / 128, 1.F / 512});
 }
