@@ -245,6 +245,8 @@ __device__ __forceinline__ int32_t tileOffset(int32_t row, int32_t chunk)
 }
 
 //! grid (maxSplits, Hkv x row tiles, B), block kMMA_THREADS (4 warps x 16 query rows).
+//! tests/plugin/test_plugin_mma_emulation.py transcribes this kernel's index formulas over a NumPy emulation of
+//! ldmatrix and mma.m16n8k16 (PTX ISA fragment layouts): keep the two in step.
 //! S = Q K^T and O += P V on tensor cores (fp32 accumulation), online softmax in fp32 registers, K/V tiles of
 //! kMMA_KEY_TILE keys streamed through a kMMA_STAGES-deep cp.async pipeline. P is rounded to T for the P V product
 //! and the row sums are taken over the rounded P, so the normalisation matches the weights actually applied.
