@@ -10,11 +10,14 @@ from pathlib import Path
 from .report import Section
 
 TOOLS = ("memcheck", "racecheck")
+# Ways to restrict the checks to the project's kernels (namespace dflash), newest spelling first; a sanitizer that
+# rejects one prints no ERROR SUMMARY, and the next is tried.
+KERNEL_FILTERS = (("--kernel-name", "kns=dflash"), ("--kernel-regex", "kns=dflash"), ())
 
 
-def sanitizer_command(sanitizer: str, tool: str) -> list[str]:
-    # --error-exitcode makes a reported hazard fail the run; the kernels of the project only (namespace dflash).
-    return [sanitizer, "--tool", tool, "--error-exitcode", "3", "--kernel-name", "kns=dflash",
+def sanitizer_command(sanitizer: str, tool: str, kernel_filter: tuple[str, ...] = KERNEL_FILTERS[0]) -> list[str]:
+    # --error-exitcode makes a reported hazard fail the run.
+    return [sanitizer, "--tool", tool, "--error-exitcode", "3", *kernel_filter,
             sys.executable, "-m", "dflash_trt.gpu_check.small_case"]
 
 
@@ -37,9 +40,13 @@ def run(timeout_s: float) -> Section:
         section.status, section.message = "skipped", "compute-sanitizer not found (CUDA toolkit bin/)"
         return section
     for tool in TOOLS:
-        proc = subprocess.run(sanitizer_command(sanitizer, tool), capture_output=True, text=True,
-                              timeout=timeout_s / len(TOOLS))
-        summary = next((line for line in reversed(proc.stdout.splitlines()) if "ERROR SUMMARY" in line), "")
+        for kernel_filter in KERNEL_FILTERS:
+            proc = subprocess.run(sanitizer_command(sanitizer, tool, kernel_filter), capture_output=True, text=True,
+                                  timeout=timeout_s / len(TOOLS))
+            summary = next((line for line in reversed((proc.stdout + proc.stderr).splitlines())
+                            if "ERROR SUMMARY" in line), "")
+            if summary:
+                break
         section.rows.append({"tool": tool, "exit": proc.returncode, "summary": summary.replace("=========", "").strip()})
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
