@@ -11,9 +11,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 PYTEST_ARGS ?=
-# Plugin build: TensorRT / onnxruntime header locations (optional) and parallel jobs.
+# Plugin build: TensorRT / onnxruntime header locations (optional), CUDA architectures (empty = 90;100;120) and
+# parallel jobs.
 TENSORRT_ROOT ?=
 ONNXRUNTIME_ROOT ?=
+CUDA_ARCHS ?=
 NPROC ?= 2
 # Engine build: a preset name and overrides of its settings (empty = the preset's own value).
 MODEL ?= smollm2-135m
@@ -91,8 +93,9 @@ bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engin
 bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
 	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)
 
-plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
-	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"
+plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why [CUDA_ARCHS="90;100"]
+	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)" \
+		$(if $(CUDA_ARCHS),-DDFLASH_CUDA_ARCHS="$(CUDA_ARCHS)")
 	cmake --build plugins/build -j $(NPROC)
 	@cat plugins/build/summary.txt
 
