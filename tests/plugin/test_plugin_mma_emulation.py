@@ -1,7 +1,7 @@
 """The tensor-core kernel's warp-level data flow, emulated in NumPy from the PTX ISA's definitions (no GPU here).
 
 ldmatrix (plain and .trans) and mma.m16n8k16 are emulated lane by lane from the PTX ISA's fragment layouts, and the
-kernel's own index formulas (plugins/dflashAttention/dflashAttentionKernel.cu: the XOR swizzle, the ldmatrix lane
+kernel's own index formulas (plugins/dflashAttention/dflashAttentionMma.cuh: the XOR swizzle, the ldmatrix lane
 addresses, the score and P fragments, the online softmax, the output mapping) are transcribed as they are written
 there. A wrong lane address, fragment order or swizzle in the kernel then gives a wrong attention here: the result
 must match a float64 softmax attention to bf16 accuracy.
