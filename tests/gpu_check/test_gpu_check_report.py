@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from dflash_trt.gpu_check.__main__ import refusal, timed
 from dflash_trt.gpu_check.report import Section
 from dflash_trt.gpu_check.sanitizer import sanitizer_command
 
+REPO = Path(__file__).resolve().parents[2]
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 
 
@@ -32,7 +34,7 @@ def test_refuses_in_one_line_with_a_nonzero_exit_and_writes_nothing(tmp_path):
 @needs_no_gpu
 def test_make_target_refuses_the_same_way(tmp_path):
     proc = subprocess.run(["make", "-s", "gpu-check", f"GPU_PYTHON={sys.executable}", f"OUT={tmp_path / 'o'}"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode != 0 and proc.stdout == ""
     assert [line for line in proc.stderr.splitlines() if line.startswith("gpu-check:")] == [refusal()]
 
