@@ -17,24 +17,32 @@ namespace dflash
 namespace
 {
 
-//! Raise a kernel's dynamic shared-memory limit once per device (cudaFuncSetAttribute is not a per-launch call).
-template <typename Kernel>
-cudaError_t allowSharedMemory(Kernel kernel, size_t bytes)
+//! Raise one kernel's dynamic shared-memory limit once per device (cudaFuncSetAttribute is not a per-launch call).
+//! The kernel is a template argument so that each kernel has its own record (they share one pointer type).
+template <auto Kernel>
+cudaError_t allowSharedMemory(size_t bytes)
 {
+    constexpr int32_t kMAX_RECORDED_DEVICES{64};
     static std::mutex mutex;
     static uint64_t configuredDevices = 0;
+    if (bytes <= 48 * 1024) // the default limit
+    {
+        return cudaSuccess;
+    }
     int device = 0;
     cudaError_t status = cudaGetDevice(&device);
-    if (status != cudaSuccess || bytes <= 48 * 1024 || device >= 64)
+    if (status != cudaSuccess)
     {
-        return device >= 64 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                   static_cast<int>(bytes))
-                            : status;
+        return status;
+    }
+    if (device >= kMAX_RECORDED_DEVICES)
+    {
+        return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     }
     std::lock_guard<std::mutex> lock(mutex);
     if ((configuredDevices >> device & 1U) == 0)
     {
-        status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        status = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
         if (status == cudaSuccess)
         {
             configuredDevices |= uint64_t{1} << device;
@@ -86,7 +94,7 @@ cudaError_t launchWithHeadDim(DflashAttentionParams const& p, void* workspace, s
     size_t const smemBytes = sharedMemoryBytes(kTYPE, DH);
     if constexpr (kTYPE == 0)
     {
-        status = allowSharedMemory(scalarAttentionKernel<DH>, smemBytes);
+        status = allowSharedMemory<scalarAttentionKernel<DH>>(smemBytes);
         if (status == cudaSuccess)
         {
             scalarAttentionKernel<DH><<<grid, kSCALAR_THREADS, smemBytes, stream>>>(p, ws, numRowTiles);
@@ -94,7 +102,7 @@ cudaError_t launchWithHeadDim(DflashAttentionParams const& p, void* workspace, s
     }
     else
     {
-        status = allowSharedMemory(mmaAttentionKernel<T, DH>, smemBytes);
+        status = allowSharedMemory<mmaAttentionKernel<T, DH>>(smemBytes);
         if (status == cudaSuccess)
         {
             mmaAttentionKernel<T, DH><<<grid, kMMA_THREADS, smemBytes, stream>>>(p, ws, numRowTiles);
