@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .report import Section, exit_code, format_report, write_json
+from .report import Section, exit_code, format_report, targets, write_json
 
 
 def refusal() -> str | None:
@@ -21,7 +21,8 @@ def refusal() -> str | None:
     if torch.version.cuda is None:
         return f"gpu-check: torch {torch.__version__} is a CPU-only build; nothing was run (needs a CUDA GPU)"
     if not torch.cuda.is_available():
-        return f"gpu-check: no CUDA device visible to torch {torch.__version__} (CUDA {torch.version.cuda}); nothing was run"
+        return (f"gpu-check: no CUDA device visible to torch {torch.__version__} (CUDA {torch.version.cuda}); "
+                "nothing was run")
     return None
 
 
@@ -43,8 +44,8 @@ def build_section() -> Section:
     start = time.perf_counter()
     path = cuda_op.build_extension()
     cuda_op.load_cuda_op()
-    return Section("build the CUDA kernels (torch extension)", rows=[{"library": path.name, "directory": str(path.parent),
-                                                                     "seconds": time.perf_counter() - start}])
+    row = {"library": path.name, "directory": str(path.parent), "seconds": time.perf_counter() - start}
+    return Section("build the CUDA kernels (torch extension)", rows=[row])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sections.append(timed(name, fn))
             print(format_report(sections[-1:]), flush=True)
+    sections.append(targets(sections))
+    print(format_report(sections[-1:]), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "target_layers": layers, "quick": args.quick, "seconds": time.perf_counter() - started}

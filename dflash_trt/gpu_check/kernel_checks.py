@@ -1,4 +1,4 @@
-"""gpu-check sections on the kernel alone: correctness at real drafter shapes, CUDA graphs, time against SDPA and HBM."""
+"""gpu-check sections on the kernel alone: correctness at real drafter shapes, CUDA graphs, time vs SDPA and HBM."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def make_case(shape, batch: int, context: int, seed: int, dtype=torch.bfloat16, 
     return {"q": randn(batch, BLOCK, heads, head_dim), "k": randn(batch, BLOCK, kv_heads, head_dim),
             "v": randn(batch, BLOCK, kv_heads, head_dim), "ctx_k": randn(batch, NEW_ROWS, kv_heads, head_dim),
             "ctx_v": randn(batch, NEW_ROWS, kv_heads, head_dim),
-            "cache_k": randn(batch, kv_heads, capacity, head_dim), "cache_v": randn(batch, kv_heads, capacity, head_dim),
+            "cache_k": randn(batch, kv_heads, capacity, head_dim),
+            "cache_v": randn(batch, kv_heads, capacity, head_dim),
             "cache_lens": torch.tensor(cache_lens, device=device), "ctx_lens": torch.tensor(ctx_lens, device=device)}
 
 

@@ -102,3 +102,34 @@ def write_json(path: str | Path, sections: list[Section], meta: dict[str, Any]) 
     data = {"meta": meta, "sections": [asdict(s) for s in sections], "ok": exit_code(sections) == 0}
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def targets(sections: list[Section]) -> Section:
+    """The issue's targets, judged from the timing sections' rows (not met is reported, not failed: these are
+    performance goals, and the check's exit code is about correctness)."""
+    section = Section("targets")
+    by_name = {s.name: s for s in sections}
+    kernel = next((s for n, s in by_name.items() if n.startswith("kernel time")), None)
+    steps = next((s for n, s in by_name.items() if n.startswith("step times")), None)
+    if kernel is not None:
+        for row in kernel.rows:
+            if row.get("batch") == 1 and row.get("context") in (8192, 32768):
+                share = row.get("pct_of_nominal_hbm", 100.0 * row["floor_us_copy_bw"] / row["kernel_us"])
+                section.rows.append({"target": f"kernel >= 50% of HBM, batch 1, {row['context']} keys",
+                                     "value": share, "met": share >= 50.0})
+                section.rows.append({"target": f"kernel not slower than SDPA, batch 1, {row['context']} keys",
+                                     "value": row["sdpa_us"] / row["kernel_us"],
+                                     "met": row["kernel_us"] <= row["sdpa_us"]})
+    if steps is not None:
+        for row in steps.rows:
+            if row.get("batch") == 1:
+                section.rows.append({"target": "t_verify(16) / t_AR <= 1.3, batch 1", "value": row["verify_over_AR"],
+                                     "met": row["verify_over_AR"] <= 1.3})
+                best = max(row["implied_speedup"], row.get("implied_speedup_graphed_draft", 0.0))
+                section.rows.append({"target": f"implied speedup >= 4.5x at tau {PAPER_TAU}, batch 1", "value": best,
+                                     "met": best >= 4.5})
+    if not section.rows:
+        section.status, section.message = "skipped", "no timing section ran"
+    else:
+        section.message = f"{sum(r['met'] for r in section.rows)} of {len(section.rows)} met"
+    return section

@@ -47,7 +47,8 @@ def run(timeout_s: float) -> Section:
                             if "ERROR SUMMARY" in line), "")
             if summary:
                 break
-        section.rows.append({"tool": tool, "exit": proc.returncode, "summary": summary.replace("=========", "").strip()})
+        summary = summary.replace("=========", "").strip()
+        section.rows.append({"tool": tool, "exit": proc.returncode, "summary": summary})
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
             section.status, section.message = "fail", f"{tool} exited {proc.returncode}: {tail[0][:200]}"

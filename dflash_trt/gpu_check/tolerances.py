@@ -36,7 +36,8 @@ def output_error(ours: torch.Tensor, ref: torch.Tensor) -> str | None:
     return None
 
 
-def cache_error(name: str, ours: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, cache_lens, ctx_lens) -> str | None:
+def cache_error(name: str, ours: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, cache_lens,
+                ctx_lens) -> str | None:
     """Appended rows: identical values, keys within one ulp; every other row: unchanged."""
     for b, (start, count) in enumerate(zip(cache_lens.tolist(), ctx_lens.tolist())):
         appended = slice(start, start + count)

@@ -20,7 +20,8 @@ from ..errors import DFlashError
 from .build import DEFAULT_BUILD_DIR, PLUGIN_SOURCE_DIR
 
 SOURCE_DIR = PLUGIN_SOURCE_DIR / "dflashAttention"
-SOURCES = ("dflashAttentionTorch.cu", "dflashAttentionKernel.cu", "dflashAttentionConfig.cpp", "dflashAttentionPlan.cpp")
+SOURCES = ("dflashAttentionTorch.cu", "dflashAttentionKernel.cu", "dflashAttentionConfig.cpp",
+           "dflashAttentionPlan.cpp")
 HEADERS = ("dflashAttentionKernel.h", "dflashAttentionParams.h", "dflashAttentionPlan.h", "dflashAttentionConfig.h",
            "dflashAttentionCommon.cuh", "dflashAttentionMma.cuh", "dflashAttentionScalar.cuh")
 LIBRARY_NAME = "libdflash_attention_torch.so"

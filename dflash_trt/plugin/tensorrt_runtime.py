@@ -91,7 +91,8 @@ class TensorRTDrafter:
         batch, block, hidden_size = block_embeds.shape
         feeds = {"block_embeds": block_embeds.to(self.device, self.dtype).contiguous(),
                  "features": features.to(self.device, self.dtype).contiguous(),
-                 "cache_lens": cache.lens.to(self.device, torch.int32), "ctx_lens": ctx_lens.to(self.device, torch.int32)}
+                 "cache_lens": cache.lens.to(self.device, torch.int32),
+                 "ctx_lens": ctx_lens.to(self.device, torch.int32)}
         caches = [t for pair in zip(cache.k, cache.v) for t in pair]
         hidden = torch.empty(batch, block, hidden_size, dtype=self.dtype, device=self.device)
         for name, tensor in [*feeds.items(), *zip(self._cache_inputs, caches)]:

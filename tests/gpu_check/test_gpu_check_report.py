@@ -94,3 +94,25 @@ def test_sanitizer_runs_the_small_cases_and_fails_on_hazards():
     assert command[:3] == ["compute-sanitizer", "--tool", "racecheck"]
     assert command[command.index("--error-exitcode") + 1] != "0"
     assert command[-2:] == ["-m", "dflash_trt.gpu_check.small_case"]
+
+
+def test_targets_are_judged_from_the_timing_rows_and_never_fail_the_check():
+    kernel = Section("kernel time vs SDPA vs HBM floor", rows=[
+        {"batch": 1, "context": 8192, "kernel_us": 20.0, "sdpa_us": 30.0, "floor_us_copy_bw": 8.0,
+         "pct_of_nominal_hbm": 40.0},
+        {"batch": 1, "context": 32768, "kernel_us": 40.0, "sdpa_us": 35.0, "floor_us_copy_bw": 30.0,
+         "pct_of_nominal_hbm": 70.0},
+        {"batch": 8, "context": 8192, "kernel_us": 1.0, "sdpa_us": 2.0, "floor_us_copy_bw": 1.0}])
+    steps = Section("step times (eager)", rows=[
+        {"batch": 1, "verify_over_AR": 1.2, "implied_speedup": 4.0, "implied_speedup_graphed_draft": 4.7}])
+    section = report.targets([kernel, steps])
+    met = {r["target"]: r["met"] for r in section.rows}
+    assert met == {"kernel >= 50% of HBM, batch 1, 8192 keys": False,
+                   "kernel not slower than SDPA, batch 1, 8192 keys": True,
+                   "kernel >= 50% of HBM, batch 1, 32768 keys": True,
+                   "kernel not slower than SDPA, batch 1, 32768 keys": False,
+                   "t_verify(16) / t_AR <= 1.3, batch 1": True,
+                   "implied speedup >= 4.5x at tau 6.49, batch 1": True}
+    assert section.status == "pass" and section.message == "4 of 6 met"
+    assert report.exit_code([kernel, steps, section]) == 0
+    assert report.targets([]).status == "skipped"
