@@ -15,9 +15,9 @@ def test_cache_invariant_holds_at_every_draft(monkeypatch):
     calls = []
     forward = type(drafter).forward
 
-    def spy(self, block_embeds, features, ctx_lens, cache):
+    def spy(self, block_embeds, features, ctx_lens, cache, *rest):
         before = cache.lens.clone()
-        out = forward(self, block_embeds, features, ctx_lens, cache)
+        out = forward(self, block_embeds, features, ctx_lens, cache, *rest)
         calls.append((int(before[0]), int(ctx_lens[0]), int(cache.lens[0])))
         return out
 
