@@ -198,10 +198,11 @@ class DrafterBase(nn.Module):
         This is the interface the decoding loop uses; other runtimes (onnx, tensorrt) provide the same.
         """
         hidden = self(self.embed_block(target, block), features, ctx_lens, cache, block_lens)
-        return self.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling)
+        return self.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens)
 
     def choose_drafts(self, target, hidden: torch.Tensor, anchors: torch.Tensor,
-                      sampling: Sequence[RowSampling] | None):
+                      sampling: Sequence[RowSampling] | None, block_lens: torch.Tensor | None):
+        """Drafts for slots 1..S-1 from their final states hidden [B,S-1,D]; slots >= block_lens are padding."""
         raise NotImplementedError
 
     # The reference project's Python API (AutoModel-style loading, spec_generate); see hf_api.py.

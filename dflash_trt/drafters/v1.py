@@ -29,7 +29,7 @@ class DFlashDrafter(DrafterBase):
     layer_class = DraftLayer
     family = "dflash"
 
-    def choose_drafts(self, target, hidden, anchors, sampling) -> torch.Tensor:
+    def choose_drafts(self, target, hidden, anchors, sampling, block_lens) -> torch.Tensor:
         # A one-hot draft: verification accepts on exact match with the target's own choice (lossless).
         return torch.argmax(self.draft_logits(target, hidden), dim=-1)
 

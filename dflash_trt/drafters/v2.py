@@ -96,12 +96,17 @@ class CandidateSelector(nn.Module):
         return torch.einsum("br,bkr->bk", left, self.successor_codebook[candidates])
 
     def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor,
-             sampling: Sequence[RowSampling] | None) -> Proposal:
-        """One path from the anchor through slots 1..L-1; hidden [B,L-1,D], logits [B,L-1,V]."""
+             sampling: Sequence[RowSampling] | None, block_lens: torch.Tensor | None = None) -> Proposal:
+        """One path from the anchor through slots 1..L-1; hidden [B,L-1,D], logits [B,L-1,V].
+
+        A row draws from its own generator only for its real slots (< block_lens - 1), so a row's random
+        stream is the same in a batch as alone.
+        """
         unary, candidates = self.candidates(logits)
         projected = self.hidden_projection(hidden)
         batch, slots, k = candidates.shape
         temperatures = [0.0] * batch if sampling is None else [t for t, _ in sampling]
+        real_slots = [slots] * batch if block_lens is None else [int(n) - 1 for n in block_lens]
         previous = anchors
         drafts = torch.zeros(batch, slots, dtype=torch.long, device=logits.device)
         q = torch.zeros(batch, slots, k, dtype=torch.float32, device=logits.device)
@@ -111,7 +116,7 @@ class CandidateSelector(nn.Module):
             chosen = torch.argmax(scores, dim=-1)
             q[rows, j, chosen] = 1.0  # greedy rows: a one-hot q
             for row, temperature in enumerate(temperatures):
-                if temperature > 0:
+                if temperature > 0 and j < real_slots[row]:
                     q[row, j] = torch.softmax(scores[row] / temperature, dim=-1)
                     chosen[row] = torch.multinomial(q[row, j], 1, generator=sampling[row][1])[0]
             previous = candidates[rows, j, chosen]
@@ -130,8 +135,9 @@ class DFlash2Drafter(DrafterBase):
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config)
 
-    def choose_drafts(self, target, hidden, anchors, sampling) -> Proposal:
-        return self.candidate_selector.walk(hidden, self.draft_logits(target, hidden), anchors, sampling)
+    def choose_drafts(self, target, hidden, anchors, sampling, block_lens) -> Proposal:
+        return self.candidate_selector.walk(hidden, self.draft_logits(target, hidden), anchors, sampling,
+                                            block_lens)
 
     def init_as_dflash(self) -> None:
         """Identity convolutions and a zero successor codebook: the drafter then behaves like DFlash.
