@@ -82,7 +82,10 @@ def export_drafter(drafter, out_path: str | Path) -> Path:
     """Write the ONNX graph of a loaded drafter (in its parameters' dtype) to out_path; checks it with onnx."""
     import onnx
 
+    from ..drafters.support import check_runtime
+
     config = drafter.config
+    check_runtime("onnx", config)  # the graph is DFlash v1 around the plugin node
     dtype = next(drafter.parameters()).dtype
     batch, num_ctx, capacity = torch.export.Dim("batch"), torch.export.Dim("num_ctx"), torch.export.Dim("capacity")
     cache_shape = {0: batch, 2: capacity}
