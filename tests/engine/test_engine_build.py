@@ -78,6 +78,7 @@ def test_tiny_pair_builds_loads_and_decodes_losslessly(tiny_preset, tiny_pair_di
     assert set(manifest["files"]) == {"drafter/config.json", "drafter/model.safetensors"}
     assert manifest["external"]["target"]["path"] == str((tiny_pair_dir / "target").resolve())
     assert manifest["runtime"] == "torch" and manifest["block_size"] == 8 and manifest["pending_steps"] == []
+    assert manifest["drafter_family"] == "dflash" and manifest["drafter_architecture"] == "DFlashDraftModel"
     assert manifest["tools"]["torch"] == torch.__version__ and manifest["built_at"].endswith("Z")
     engine = load_engine(out)
     prompt = [[3, 17, 42, 5, 99, 7]]

@@ -59,3 +59,17 @@ def test_graph_io_names_the_caches_and_keeps_batch_and_context_dynamic(exported)
     cache_dims = inputs["cache_k_0"].type.tensor_type.shape.dim
     assert cache_dims[0].dim_param and cache_dims[2].dim_param  # batch and capacity are symbolic
     assert inputs["features"].type.tensor_type.shape.dim[1].dim_param
+
+
+def test_dflash2_and_sliding_drafters_are_refused_in_one_line():
+    import pytest as _pytest
+
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.plugin.export import export_drafter
+    from dflash_trt.testing import make_tiny_drafter, tiny_target_config
+
+    for kwargs, words in (({"family": "dflash2"}, "DFlash2DraftModel"), ({"sliding_window": 6}, "sliding-window")):
+        drafter = make_tiny_drafter(tiny_target_config("llama"), **kwargs)
+        with _pytest.raises(ConfigError, match=words) as info:
+            export_drafter(drafter, "unused.onnx")
+        assert "--runtime torch" in str(info.value)
