@@ -6,7 +6,7 @@ For a sequence with target features F[0..T) and anchors a_1..a_N (response posit
 - block n attends to context rows t < a_n (strictly before the anchor: the anchor's own feature is
   not visible, its token enters through its embedding in slot 0) and bidirectionally to its own
   slots; blocks are invisible to each other.
-The forward reuses the modules of ``DFlashDrafter`` (KV injection through the same k/v projections,
+The forward reuses the modules of the drafter (``dflash_trt.drafters``) (KV injection through the same k/v projections,
 RoPE at absolute positions), so a trained state dict is the published checkpoint as is. The masked
 attention is the training twin of the cache-based inference path; a test checks they agree.
 """
@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dflash_trt.drafter import DFlashDrafter
+from dflash_trt.drafter import DrafterBase
 
 
 def sample_anchors(prompt_len: int, length: int, num_blocks: int, generator: torch.Generator) -> torch.Tensor:
@@ -135,7 +135,7 @@ def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope, block_si
     return x + _block_conv(layer.mlp_conv, y, delta, 1, block_size)
 
 
-def drafter_block_states(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: dict) -> torch.Tensor:
+def drafter_block_states(drafter: DrafterBase, embed_weight: torch.Tensor, batch: dict) -> torch.Tensor:
     """Final-normed drafter states [B,N*q,D] of every block slot in the batch."""
     ctx = drafter.fuse_context(batch["features"])
     x = F.embedding(batch["block_tokens"], embed_weight)
@@ -161,7 +161,7 @@ def _transition_scores(selector, states, previous, head_ids):
     return F.linear(left, selector.successor_codebook[head_ids])
 
 
-def block_loss(drafter: DFlashDrafter, embed_weight: torch.Tensor, head_weight: torch.Tensor,
+def block_loss(drafter: DrafterBase, embed_weight: torch.Tensor, head_weight: torch.Tensor,
                batch: dict, head_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted cross-entropy over the labelled slots; the lm_head runs only where the weight is > 0.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.config import FAMILY_ARCHITECTURE, DrafterConfig
-from dflash_trt.drafter import DFlashDrafter, build_drafter, save_drafter
+from dflash_trt.drafter import DrafterBase, build_drafter, save_drafter
 from dflash_trt.training.recipe import block_loss, build_batch, sample_anchors
 
 STATE_NAME = "train_state.pt"
@@ -240,7 +240,7 @@ class Trainer:
         tmp.replace(self.out / STATE_NAME)  # atomic: an interrupted save never corrupts the last one
         save_drafter(self.published_drafter(), self.out / "drafter")
 
-    def published_drafter(self) -> DFlashDrafter:
+    def published_drafter(self) -> DrafterBase:
         """The drafter as it runs on raw target features (feature scaling folded into fc.weight)."""
         drafter = copy.deepcopy(self.drafter).eval()
         if self.scale is not None:
