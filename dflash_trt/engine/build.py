@@ -143,8 +143,9 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     if preset.runtime in ("onnx", "tensorrt") and preset.block_size != d.block_size:
         raise ConfigError(f"runtime {preset.runtime} exports the drafter with its trained block of {d.block_size}; "
                           f"block_size {preset.block_size} needs --runtime torch or trtllm")
-    log(f"  compatible: {d.architecture}, vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
-        f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
+    log(f"  compatible: {d.architecture}, vocabulary {d.vocab_size}, hidden {d.hidden_size}, "
+        f"{d.num_target_layers} target layers, layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, "
+        f"block {preset.block_size}")
     for warning in warnings:
         log(f"  warning: {warning}")
     return warnings
