@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from pathlib import Path
 
@@ -39,6 +40,18 @@ class OnnxDraftCache:
         self.k = [a[rows] for a in self.k]
         self.v = [a[rows] for a in self.v]
         self.lens = self.lens[indices.cpu()]
+
+    def part(self, indices: torch.Tensor) -> "OnnxDraftCache":
+        """A copy holding the sequences at `indices` only (write it back with `update`)."""
+        part = copy.copy(self)
+        part.select(indices)
+        return part
+
+    def update(self, indices: torch.Tensor, part: "OnnxDraftCache") -> None:
+        rows = indices.cpu().numpy()
+        for whole, new in zip(self.k + self.v, part.k + part.v):
+            whole[rows] = new
+        self.lens[indices.cpu()] = part.lens
 
 
 class OnnxDrafter:
@@ -93,15 +106,10 @@ class OnnxDrafter:
         drafts = torch.zeros(block.shape[0], block.shape[1] - 1, dtype=torch.long, device=block.device)
         for length in sorted(set(block_lens.tolist())):
             rows = torch.nonzero(block_lens == length).flatten()
-            part = OnnxDraftCache.__new__(OnnxDraftCache)
-            part.k, part.v, part.lens = cache.k, cache.v, cache.lens
-            part.select(rows)
+            part = cache.part(rows)
             drafts[rows, :length - 1] = self._drafts(target, block[rows, :length], features[rows], ctx_lens[rows],
                                                      part)
-            index = rows.cpu().numpy()
-            for whole, new in zip(cache.k + cache.v, part.k + part.v):
-                whole[index] = new
-            cache.lens[rows.cpu()] = part.lens
+            cache.update(rows, part)
         return drafts
 
     def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
