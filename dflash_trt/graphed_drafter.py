@@ -71,12 +71,13 @@ class StaticDraftCache:
         self.size = n
 
 
-def _forward(drafter, embeds, features, ctx_lens, view: _CacheView) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(drafter, embeds, features, ctx_lens, view: _CacheView, block_lens=None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """DFlashDrafter.forward without its host-side capacity check (a graph cannot synchronise): hidden, new lens."""
     ctx = drafter.fuse_context(features.to(embeds.dtype))
     x = embeds
     for layer, cache_k, cache_v in zip(drafter.layers, view.k, view.v):
-        x = layer(x, ctx, cache_k, cache_v, view.lens, ctx_lens, drafter.rope)
+        x = layer(x, ctx, cache_k, cache_v, view.lens, ctx_lens, drafter.rope, block_lens)
     return drafter.norm(x), view.lens + ctx_lens
 
 
@@ -124,15 +125,20 @@ class GraphedDrafter:
         self.device, self.dtype = param.device, param.dtype
         self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
 
+    @property
+    def samples_drafts(self) -> bool:
+        return getattr(self.drafter, "samples_drafts", False)
+
     def new_cache(self, batch_size: int, capacity: int) -> StaticDraftCache:
         return StaticDraftCache(self.config, batch_size, capacity, self.dtype, self.device)
 
     @torch.inference_mode()
-    def __call__(self, block_embeds, features, ctx_lens, cache: StaticDraftCache) -> torch.Tensor:
+    def __call__(self, block_embeds, features, ctx_lens, cache: StaticDraftCache, block_lens=None) -> torch.Tensor:
         """One draft forward (DFlashDrafter.forward's contract); returns hidden [B,S,D]."""
         n, s = block_embeds.shape[0], self.config.block_size
-        if features.shape[1] > s:  # prefill: shapes vary, run eagerly on the live rows
-            hidden, lens = _forward(self.drafter, block_embeds, features, ctx_lens, _CacheView(cache, n))
+        # Prefill (shapes vary) and a shortened last block (block_lens) run eagerly on the live rows.
+        if features.shape[1] > s or block_lens is not None or block_embeds.shape[1] != s:
+            hidden, lens = _forward(self.drafter, block_embeds, features, ctx_lens, _CacheView(cache, n), block_lens)
             cache.lens = lens
             return hidden
         rows = bucket_for(n)
@@ -150,10 +156,10 @@ class GraphedDrafter:
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: StaticDraftCache) -> torch.Tensor:
-        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
-        hidden = self(target.embed(block), features, ctx_lens, cache)
-        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)
+                cache: StaticDraftCache, block_lens: torch.Tensor | None = None, sampling=None):
+        """Drafts for block slots 1..S-1, as the wrapped drafter's propose (its family chooses the drafts)."""
+        hidden = self(self.drafter.embed_block(target, block), features, ctx_lens, cache, block_lens)
+        return self.drafter.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens)
 
     def parameters(self):
         return self.drafter.parameters()

@@ -17,6 +17,7 @@ from ..config import DrafterConfig
 from ..errors import DFlashError
 from .export import cache_names
 from .onnx_node import ort_library
+from .ragged_blocks import propose_by_length
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -101,16 +102,7 @@ class OnnxDrafter:
         The graph has no block mask, so rows whose (shortened last) block is shorter run as their own
         batch on their own block length: each row drafts exactly what it would alone.
         """
-        if block_lens is None or bool((block_lens == block.shape[1]).all()):
-            return self._drafts(target, block, features, ctx_lens, cache)
-        drafts = torch.zeros(block.shape[0], block.shape[1] - 1, dtype=torch.long, device=block.device)
-        for length in sorted(set(block_lens.tolist())):
-            rows = torch.nonzero(block_lens == length).flatten()
-            part = cache.part(rows)
-            drafts[rows, :length - 1] = self._drafts(target, block[rows, :length], features[rows], ctx_lens[rows],
-                                                     part)
-            cache.update(rows, part)
-        return drafts
+        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
 
     def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
         hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)

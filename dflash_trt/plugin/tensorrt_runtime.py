@@ -8,6 +8,7 @@ passes) a call updates them in place and copies nothing. It runs on torch's curr
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from ..config import DrafterConfig
 from ..errors import DFlashError
 from .export import cache_names
+from .ragged_blocks import propose_by_length
 
 INPUTS = ("block_embeds", "features", "cache_lens", "ctx_lens")
 
@@ -47,6 +49,18 @@ class TensorRTDraftCache:
         self.k = [t[indices] for t in self.k]
         self.v = [t[indices] for t in self.v]
         self.lens = self.lens[indices]
+
+    def part(self, indices: torch.Tensor) -> "TensorRTDraftCache":
+        """A copy holding the sequences at `indices` only (write it back with `update`)."""
+        part = copy.copy(self)
+        part.select(indices)
+        return part
+
+    def update(self, indices: torch.Tensor, part: "TensorRTDraftCache") -> None:
+        indices = indices.to(self.lens.device)
+        for whole, new in zip(self.k + self.v, part.k + part.v):
+            whole[indices] = new
+        self.lens[indices] = part.lens
 
 
 class TensorRTDrafter:
@@ -108,7 +122,10 @@ class TensorRTDrafter:
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: TensorRTDraftCache) -> torch.Tensor:
-        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
+                cache: TensorRTDraftCache, block_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose (ragged blocks by length)."""
+        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
+
+    def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
         hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
         return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)

@@ -170,3 +170,21 @@ def test_missing_plugin_library_or_engine_is_one_clear_error(fake_trt, pair, tmp
     (tmp_path / "lib.so").write_bytes(b"")
     with pytest.raises(DFlashError, match="could not deserialize"):
         TensorRTDrafter(tmp_path / "drafter.plan", drafter.config, plugin_library=tmp_path / "lib.so", device="cpu")
+
+
+def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake_trt, pair, tmp_path, cpu_library):
+    # max_new_tokens that are no multiple of the block make the last block shrink, for one row only: the engine
+    # has no block mask, so those rows must run as their own sub-batch on their own length.
+    from dflash_trt.decoding import generate
+    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.target import TargetModel
+
+    target_model, drafter = pair
+    target = TargetModel(target_model)
+    trt_drafter, _ = open_drafter(fake_trt, pair, tmp_path)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    params = [SamplingParams(max_new_tokens=n, stop_token_ids=()) for n in (7, 12)]
+    ours = generate(target, trt_drafter, prompts, params)
+    reference = generate(target, drafter, prompts, params)
+    assert [r.token_ids for r in ours] == [r.token_ids for r in reference]
+    assert [r.acceptance_lengths for r in ours] == [r.acceptance_lengths for r in reference]
