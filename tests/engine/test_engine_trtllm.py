@@ -47,7 +47,8 @@ def test_gpt_oss_120b_options_follow_the_schema_and_the_recipe():
                     "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 200000, "attention_backend": "VANILLA"}
     assert (options["tensor_parallel_size"], options["moe_expert_parallel_size"]) == (8, 1)
     assert options["moe_config"] == {"backend": "TRTLLM"}
-    assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.9}
+    assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.9,
+                                          "enable_block_reuse": False}  # the latency profile's
     assert options["cuda_graph_config"] == {"batch_sizes": [1, 2, 4, 8, 16, 32, 64], "enable_padding": True}
 
 

@@ -15,15 +15,22 @@ from ...config import DrafterConfig
 from ...errors import ConfigError
 from ..arch import TargetArch
 from ..needs import StepUnavailable, has_module
+from ..moe import BLACKWELL, resolve_moe
 from ..presets import Preset
+from ..recipes import apply_profile, profile_sources
 from .trtllm_schema import TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
-BLACKWELL = ("b200", "b300")
 
 
-def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path) -> dict[str, Any]:
-    """LLM-API keyword arguments for the pair (field names of TensorRT-LLM TRTLLM_VERSION)."""
+def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path,
+                   target_path: Path | None = None) -> dict[str, Any]:
+    """LLM-API keyword arguments for the pair (field names of TensorRT-LLM TRTLLM_VERSION).
+
+    The MoE backend and EP follow the GPU rule of engine/moe.py; the preset's profile adds NVIDIA's
+    recipe settings (engine/recipes.py).
+    """
+    preset = resolve_moe(preset, arch)
     if preset.draft_attention_backend != "VANILLA" and preset.gpu not in BLACKWELL:
         raise ConfigError(f"draft_attention_backend {preset.draft_attention_backend} needs a Blackwell GPU "
                           f"(b200, b300), the plan is for {preset.gpu}; use VANILLA")
@@ -54,18 +61,24 @@ def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, dra
     if arch.is_moe:
         options["moe_expert_parallel_size"] = preset.ep
         options["moe_config"] = {"backend": preset.moe_backend}
+    apply_profile(options, preset.profile)
+    if options.get("num_postprocess_workers") and target_path is not None:
+        options["postprocess_tokenizer_dir"] = str(target_path)  # the workers detokenize with the target's
     problems = schema_problems(options)
     if problems:  # a bug here, not a user error: the options must always fit the schema
         raise AssertionError(f"trtllm options break the {TRTLLM_VERSION} schema: {problems}")
     return options
 
 
-def write_options(options: dict[str, Any], path: Path, target: str) -> None:
+def write_options(options: dict[str, Any], path: Path, target: str, profile: str = "none") -> None:
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# TensorRT-LLM LLM-API options (fields of TensorRT-LLM {TRTLLM_VERSION}, {TRTLLM_SOURCE}).\n"
               f"# Serve: trtllm-serve {target} --backend pytorch --config {path.name}\n")
+    if profile != "none":
+        header += f"# Profile {profile}, NVIDIA/TensorRT-LLM recipe settings:\n"
+        header += "".join(f"#   {line}\n" for line in profile_sources(profile))
     path.write_text(header + yaml.safe_dump(options, sort_keys=False))
 
 

@@ -31,6 +31,11 @@ SCHEMA: dict[str, Any] = {
     "trust_remote_code": BOOL,
     "enable_attention_dp": BOOL,
     "disable_overlap_scheduler": BOOL,
+    "stream_interval": INT,
+    "num_postprocess_workers": INT,
+    "postprocess_tokenizer_dir": STR,
+    # Environment set before the workers start (NVIDIA's gpt-oss configs set TRTLLM_ENABLE_PDL with it).
+    "env_overrides": {"TRTLLM_ENABLE_PDL": ("0", "1")},
     "kv_cache_config": {  # KvCacheConfig
         "dtype": ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_ds_mla", "nvfp4"),
         "free_gpu_memory_fraction": FLOAT,
