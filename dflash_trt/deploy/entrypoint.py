@@ -30,10 +30,10 @@ from typing import Callable, Sequence
 
 from dflash_trt.deploy import plan
 from dflash_trt.deploy.plan import DeployError, Ports
+from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION
 
 COMMANDS = ("serve", "prepare", "engine", "repo", "demo", "health", "check-runtime")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-MIN_TRTLLM_VERSION = "1.3"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -184,8 +184,9 @@ def installed_trtllm_version() -> str:
 def check_runtime(minimum: str, version_of: Callable[[], str] = installed_trtllm_version) -> str:
     """One line naming the installed TensorRT-LLM; DeployError when it is older than `minimum`."""
     version = version_of()
-    if plan.release_tuple(version) < plan.release_tuple(minimum):
-        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash needs >= {minimum} (choose a newer base image)")
+    if plan.version_key(version) < plan.version_key(minimum):
+        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash (DFlashDecodingConfig) needs >= {minimum} "
+                          "(choose a newer base image)")
     return f"TensorRT-LLM {version} (>= {minimum})"
 
 

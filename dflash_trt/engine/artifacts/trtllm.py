@@ -1,8 +1,8 @@
 """The trtllm runtime's artifact: TensorRT-LLM LLM-API options (YAML) with native DFlash speculation.
 
 The file is the `--config` of `trtllm-serve <target>` and the keyword arguments of `LLM(model=<target>,
-**options)`; the target path itself lives in the manifest. TensorRT-LLM >= 1.3 builds nothing ahead of
-time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
+**options)`; the target path itself lives in the manifest. TensorRT-LLM (>= MIN_TRTLLM_VERSION, the first release with DFlash) builds nothing
+ahead of time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
 needs TensorRT-LLM here is checking the options against the installed version.
 """
 
@@ -18,7 +18,7 @@ from ..needs import StepUnavailable, has_module
 from ..moe import BLACKWELL, resolve_moe
 from ..presets import Preset
 from ..recipes import apply_profile, profile_sources
-from .trtllm_schema import TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
+from .trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
 
@@ -85,9 +85,14 @@ def write_options(options: dict[str, Any], path: Path, target: str, profile: str
 def check_with_trtllm(options: dict[str, Any], target: Path) -> str:
     """Validate the options with the installed TensorRT-LLM; returns its version."""
     if not has_module("tensorrt_llm"):
-        raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {TRTLLM_VERSION.split('rc')[0]}")
+        raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}")
     import tensorrt_llm
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    from ...deploy.plan import version_key
+
+    if version_key(tensorrt_llm.__version__) < version_key(MIN_TRTLLM_VERSION):
+        raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} has no DFlash: it needs >= {MIN_TRTLLM_VERSION}")
 
     try:
         TorchLlmArgs(model=str(target), **options)
