@@ -112,9 +112,14 @@ def repo_command(project_dir: Path, target: Target) -> list[str]:
 
 
 def serve_command(
-    project_dir: Path, repo_dir: Path, ports: Ports, address: str = CONTAINER_ADDRESS, ready_timeout_s: int | None = None
+    project_dir: Path, repo_dir: Path, ports: Ports, address: str = CONTAINER_ADDRESS, ready_timeout_s: int | None = None,
+    launcher: str | None = None,
 ) -> list[str]:
-    """`make serve` on all interfaces; READY_TIMEOUT lets a 120B engine load longer than the launcher's default."""
+    """`make serve` on all interfaces; READY_TIMEOUT lets a 120B engine load longer than the launcher's default.
+
+    LAUNCHER picks how tritonserver starts (serving/launcher.py; None keeps the Makefile's auto: mpirun for
+    TensorRT-LLM engines, as NVIDIA's Triton launcher does).
+    """
     validate_ports(ports)
     return make_command(
         project_dir,
@@ -126,6 +131,7 @@ def serve_command(
         OPENAI_PORT=ports.openai,
         ADDRESS=address,
         READY_TIMEOUT=ready_timeout_s,
+        LAUNCHER=launcher,
     )
 
 
@@ -158,6 +164,7 @@ def serve_steps(
     build: bool = True,
     address: str = CONTAINER_ADDRESS,
     ready_timeout_s: int | None = None,
+    launcher: str | None = None,
 ) -> list[list[str]]:
     """Prepare what is missing (when `build`), then serve; without `build` the repository must exist."""
     if build:
@@ -169,7 +176,7 @@ def serve_steps(
             f"no model repository at {target.repo_dir} (no <model>/config.pbtxt inside); "
             "mount a prepared volume or run `prepare` first"
         )
-    return steps + [serve_command(project_dir, target.repo_dir, ports, address, ready_timeout_s)]
+    return steps + [serve_command(project_dir, target.repo_dir, ports, address, ready_timeout_s, launcher)]
 
 
 def release_tuple(version: str) -> tuple[int, int]:

@@ -198,3 +198,14 @@ def _installed(name: str) -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
+
+
+def test_serve_passes_the_launcher_to_make_serve(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "ensemble").mkdir(parents=True)
+    (repo / "ensemble" / "config.pbtxt").write_text("")
+    common = ("serve", "--engine", str(tmp_path / "engine"), "--repo", str(repo), "--no-build")
+    assert "LAUNCHER=mpirun" in _steps(*common, "--launcher", "mpirun")[-1]
+    assert not any(word.startswith("LAUNCHER=") for word in _steps(*common)[-1])  # the Makefile's auto
+    monkeypatch.setenv("DFLASH_LAUNCHER", "trtllm-llmapi-launch")
+    assert "LAUNCHER=trtllm-llmapi-launch" in _steps(*common)[-1]
