@@ -18,6 +18,11 @@ COUNTERS = {
     "dflash_spec_steps_total": "Verify steps (one target forward each)",
     "dflash_generated_tokens_total": "Tokens sent to clients",
 }
+# Set once per model instance by the canary generation at load (canary.py).
+CANARY_GAUGES = {
+    "dflash_canary_acceptance_rate": "Accepted share of draft tokens in the load-time canary generation",
+    "dflash_canary_acceptance_length": "Mean tokens per verify step (tau) in the load-time canary generation",
+}
 
 
 class DFlashMetrics:
@@ -32,6 +37,8 @@ class DFlashMetrics:
         self.families["dflash_requests_in_flight"] = kinds(
             name="dflash_requests_in_flight", description="Generation requests being served", kind=kinds.GAUGE
         )
+        for name, text in CANARY_GAUGES.items():
+            self.families[name] = kinds(name=name, description=text, kind=kinds.GAUGE)
         self.families["dflash_acceptance_length"] = kinds(
             name="dflash_acceptance_length",
             description="Tokens committed per verify step (accepted drafts + 1)",
@@ -40,6 +47,7 @@ class DFlashMetrics:
         self.counters = {name: self.families[name].Metric(labels=labels) for name in COUNTERS}
         self.in_flight = self.families["dflash_requests_in_flight"].Metric(labels=labels)
         self.acceptance = self.families["dflash_acceptance_length"].Metric(labels=labels, buckets=ACCEPTANCE_BUCKETS)
+        self.canary_gauges = {name: self.families[name].Metric(labels=labels) for name in CANARY_GAUGES}
         self._lock = threading.Lock()  # requests may run on several threads of one instance
 
     def request_started(self) -> None:
@@ -61,6 +69,12 @@ class DFlashMetrics:
             if num_sent_tokens:
                 self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
 
+    def canary(self, acceptance_rate: float, tau: float) -> None:
+        """What the load-time canary generation measured (canary.py)."""
+        with self._lock:
+            self.canary_gauges["dflash_canary_acceptance_rate"].set(acceptance_rate)
+            self.canary_gauges["dflash_canary_acceptance_length"].set(tau)
+
 
 class NoMetrics:
     """Stand-in where no metric API exists (in-process use, benchmarks)."""
@@ -72,4 +86,7 @@ class NoMetrics:
         pass
 
     def step(self, acceptance_length, num_draft_tokens, num_sent_tokens) -> None:
+        pass
+
+    def canary(self, acceptance_rate, tau) -> None:
         pass

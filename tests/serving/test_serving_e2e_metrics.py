@@ -55,3 +55,12 @@ def test_metrics_agree_with_the_responses(triton):
     assert delta["dflash_acceptance_length_count"] == steps
     assert delta["dflash_acceptance_length_sum"] == steps + delta["dflash_accepted_draft_tokens_total"]
     assert after["dflash_requests_in_flight"] == 0
+
+
+def test_the_load_time_canary_is_logged_and_exported(triton):
+    values = scrape(triton)
+    rate, tau = values["dflash_canary_acceptance_rate"], values["dflash_canary_acceptance_length"]
+    assert 0.0 <= rate <= 1.0 and 1.0 <= tau <= BLOCK_SIZE
+    lines = [line for line in triton.log.splitlines() if "dflash canary:" in line]
+    assert len(lines) == 2  # one per dflash instance of the served repository
+    assert all(f"block_size {BLOCK_SIZE}" in line for line in lines)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dflash_trt.serving.metrics import ACCEPTANCE_BUCKETS, DFlashMetrics
 
 NAMES = {"dflash_requests_in_flight", "dflash_acceptance_length", "dflash_draft_tokens_total",
-         "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total"}
+         "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total",
+         "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length"}
 
 
 def test_declares_the_metric_names_of_the_project_labelled_by_model(fake_pb):
@@ -33,3 +34,11 @@ def test_in_flight_goes_up_and_down(fake_pb):
     metrics.request_started()
     metrics.request_finished()
     assert metrics.in_flight.value == 1
+
+
+def test_the_canary_sets_its_two_gauges(fake_pb):
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    metrics.canary(0.25, 2.75)
+    assert metrics.families["dflash_canary_acceptance_rate"].kind == "gauge"
+    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == 0.25
+    assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == 2.75
