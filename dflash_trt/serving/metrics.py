@@ -27,6 +27,10 @@ LATENCY_HISTOGRAMS = {
     "dflash_inter_token_latency_seconds": ("Seconds between two token releases of one request",
                                            [0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5]),
 }
+# Triton's own per-model metrics (nv_inference_*) that the chart's PrometheusRule and dashboard read; the
+# serving tests check that the real tritonserver exports each of them.
+TRITON_METRICS = ("nv_inference_request_success", "nv_inference_request_failure",
+                  "nv_inference_pending_request_count", "nv_inference_queue_duration_us")
 # Set once per model instance by the canary generation at load (canary.py).
 CANARY_GAUGES = {
     "dflash_canary_acceptance_rate": "Accepted share of draft tokens in the load-time canary generation",
@@ -58,7 +62,8 @@ class DFlashMetrics:
         self.counters = {name: self.families[name].Metric(labels=labels) for name in COUNTERS}
         self.in_flight = self.families["dflash_requests_in_flight"].Metric(labels=labels)
         self.acceptance = self.families["dflash_acceptance_length"].Metric(labels=labels, buckets=ACCEPTANCE_BUCKETS)
-        self.canary_gauges = {name: self.families[name].Metric(labels=labels) for name in CANARY_GAUGES}
+        self._labels = labels
+        self.canary_gauges = {}  # created by canary(): a model without a canary exports no canary value
         self.latency = {name: self.families[name].Metric(labels=labels, buckets=buckets)
                         for name, (_text, buckets) in LATENCY_HISTOGRAMS.items()}
         self._lock = threading.Lock()  # requests may run on several threads of one instance
@@ -94,6 +99,8 @@ class DFlashMetrics:
     def canary(self, acceptance_rate: float, tau: float) -> None:
         """What the load-time canary generation measured (canary.py)."""
         with self._lock:
+            if not self.canary_gauges:
+                self.canary_gauges = {name: self.families[name].Metric(labels=self._labels) for name in CANARY_GAUGES}
             self.canary_gauges["dflash_canary_acceptance_rate"].set(acceptance_rate)
             self.canary_gauges["dflash_canary_acceptance_length"].set(tau)
 

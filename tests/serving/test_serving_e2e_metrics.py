@@ -77,3 +77,13 @@ def test_time_to_first_token_is_observed_once_per_request_and_gaps_per_later_rel
     releases = len([chunk for chunk in streamed if chunk["text_output"]])
     assert delta["dflash_inter_token_latency_seconds_count"] >= releases - 1
     assert delta["dflash_time_to_first_token_seconds_sum"] > 0
+
+
+def test_triton_exports_the_metrics_the_chart_alerts_on(triton):
+    from dflash_trt.serving.metrics import TRITON_METRICS
+
+    generate(triton.config.http_url, "hello", 2)
+    with urllib.request.urlopen(triton.config.metrics_url, timeout=10) as response:
+        page = response.read().decode()
+    for name in TRITON_METRICS:
+        assert re.search(rf'^{name}\{{[^}}]*model="(ensemble|dflash)"', page, re.M), name
