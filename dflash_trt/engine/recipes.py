@@ -34,6 +34,8 @@ RECIPES: dict[str, tuple[Setting, ...]] = {
     "latency": (
         Setting("max_num_tokens", 16384, CURATED_LATENCY),
         Setting("stream_interval", 20, CURATED_LATENCY),
+        # Detokenizing processes of trtllm-serve's OpenAI server; the dflash model detokenizes in its
+        # postprocessing model, so under Triton they only matter for trtllm-serve on the same options.
         Setting("num_postprocess_workers", 4, CURATED_LATENCY),
         # Random benchmark prompts share no prefix; NVIDIA turns reuse off in its low-concurrency configs.
         Setting("kv_cache_config.enable_block_reuse", False, DATABASE_LATENCY),
