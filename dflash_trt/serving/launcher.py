@@ -4,8 +4,9 @@ NVIDIA's Triton launcher for TensorRT-LLM (NVIDIA/TensorRT-LLM triton_backend/sc
 runs `mpirun --allow-run-as-root -n 1 tritonserver ...`, or with `trtllm-llmapi-launch` before tritonserver;
 for the LLM-API model the world size is 1 and TensorRT-LLM starts the tensor-parallel workers itself.
 Its gpt-oss guide launches trtllm-serve the same way (docs/source/blogs/tech_blog/
-blog9_Deploying_GPT_OSS_on_TRTLLM.md). The model process then clears the OMPI/PMIx variables it inherited
-from the server rank before creating the LLM (clear_inherited_mpi_env).
+blog9_Deploying_GPT_OSS_on_TRTLLM.md). The model process then clears the MPI job variables it inherited
+from the server rank before creating the LLM (clear_inherited_mpi_env), as NVIDIA's llmapi Triton model
+does (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py, before importing tensorrt_llm).
 
 Launchers: plain (tritonserver alone), mpirun, trtllm-llmapi-launch (under mpirun), auto (mpirun for trtllm
 engines, plain otherwise). The engine is found through the dflash model's engine_dir parameter.
@@ -23,14 +24,19 @@ from dflash_trt.errors import DFlashError
 LAUNCHERS = ("auto", "plain", "mpirun", "trtllm-llmapi-launch")
 MPIRUN = ("mpirun", "--allow-run-as-root", "-n", "1")
 LLMAPI_LAUNCH = "trtllm-llmapi-launch"
-# What mpirun gives its ranks (Open MPI, PMIx, PRRTE, PMI): a child that keeps them tries to join that job.
-MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_")
+# What mpirun gives its ranks to say which job they belong to (Open MPI, ORTE, PMIx, PRRTE, PMI): a child
+# that keeps them tries to join that job. MCA settings (OMPI_MCA_*, PMIX_MCA_*, PRTE_MCA_*) are configuration
+# and stay, except ORTE's runtime state under OMPI_MCA_orte_*; so do OMPI_ALLOW_RUN_AS_ROOT and the like.
+MPI_JOB_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "ORTE_", "PMIX_", "PRTE_", "PMI_")
+MPI_JOB_NAMES = ("OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS")
+MPI_CONFIG_PREFIXES = ("PMIX_MCA_", "PRTE_MCA_")
 _ENGINE_DIR = re.compile(r'key:\s*"engine_dir"\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"')
 
 
 def clear_inherited_mpi_env(environ: MutableMapping[str, str]) -> list[str]:
-    """Remove the MPI launcher's variables from `environ`; returns the names removed."""
-    names = [name for name in environ if name.startswith(MPI_PREFIXES)]
+    """Remove the MPI job's identity from `environ` (its configuration stays); returns the names removed."""
+    names = [name for name in environ if (name.startswith(MPI_JOB_PREFIXES) or name in MPI_JOB_NAMES)
+             and not name.startswith(MPI_CONFIG_PREFIXES)]
     for name in names:
         del environ[name]
     return sorted(names)

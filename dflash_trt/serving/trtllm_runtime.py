@@ -71,8 +71,8 @@ class TrtllmRuntime:
                  max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS):
         from dflash_trt.serving.launcher import clear_inherited_mpi_env
 
-        # Under `mpirun -n 1 tritonserver` this stub inherits the server rank's OMPI/PMIx identity; NVIDIA's
-        # llmapi Triton model clears it so that the LLM starts its own MPI world for the TP workers.
+        # Under `mpirun -n 1 tritonserver` this stub inherits the server rank's MPI job identity; NVIDIA's
+        # llmapi Triton model clears it too, so that the LLM starts its own MPI world for the TP workers.
         clear_inherited_mpi_env(os.environ)
         for name, value in (llm_options.get("env_overrides") or {}).items():
             os.environ.setdefault(name, str(value))  # e.g. TRTLLM_ENABLE_PDL, before the workers start

@@ -99,13 +99,15 @@ def test_make_serve_passes_the_launcher():
     assert "--launcher auto" in make_serve_line()
 
 
-def test_clears_what_mpirun_gives_its_ranks_and_nothing_else():
-    environ = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_ess_base_jobid": "1", "PMIX_NAMESPACE": "x",
-               "PMI_RANK": "0", "PRTE_LAUNCHED": "1", "CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"}
-    removed = launcher.clear_inherited_mpi_env(environ)
-    assert environ == {"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"}
-    assert removed == ["OMPI_COMM_WORLD_RANK", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_RANK",
-                       "PRTE_LAUNCHED"]
+def test_clears_the_mpi_job_identity_and_keeps_its_configuration():
+    job = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_UNIVERSE_SIZE": "1",
+           "OMPI_MCA_orte_hnp_uri": "x", "ORTE_SESSION": "y", "PMIX_NAMESPACE": "x", "PMIX_RANK": "0",
+           "PMI_RANK": "0", "PRTE_LAUNCHED": "1"}
+    kept = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "PMIX_MCA_gds": "hash", "CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"}
+    environ = {**job, **kept}
+    assert launcher.clear_inherited_mpi_env(environ) == sorted(job)
+    assert environ == kept
 
 
 def test_the_trtllm_model_clears_mpi_variables_and_applies_env_overrides_before_the_llm(monkeypatch):
