@@ -36,6 +36,9 @@ ADDRESS ?= 127.0.0.1
 READY_TIMEOUT ?= 300
 # OpenAI-compatible gateway beside Triton (`make serve OPENAI_PORT=9000`); empty = none.
 OPENAI_PORT ?=
+# How tritonserver starts: auto (mpirun -n 1 for TensorRT-LLM engines, as NVIDIA does), plain, mpirun,
+# trtllm-llmapi-launch.
+LAUNCHER ?= auto
 # Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
 BENCH_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
@@ -85,10 +88,10 @@ engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tens
 repo: setup ## Render the Triton model repository: ENGINE=engines/<name> [OUT=model_repository/<name>] [REPO_ARGS=...]
 	$(BIN)/dflash-trt repo --engine $(ENGINE) $(if $(OUT),--out $(OUT)) $(REPO_ARGS)
 
-serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000]
+serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000] [LAUNCHER=auto]
 	$(BIN)/dflash-trt serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --address $(ADDRESS) --ready-timeout $(READY_TIMEOUT) \
-		$(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT))
+		--launcher $(LAUNCHER) $(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT))
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)

@@ -19,6 +19,7 @@ from .arch import TargetArch, read_target_arch
 from .artifacts import drafter_onnx, trtllm
 from .compat import check_compatible
 from .manifest import MANIFEST_NAME, write_manifest
+from .moe import resolve_moe
 from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
 from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
@@ -47,6 +48,8 @@ class BuildRequest:
     checkpoints_dir: Path | None = None
     dry_run: bool = False
     block_size: int | None = None  # --speculative-config's num_speculative_tokens + 1
+    moe_backend: str | None = None
+    profile: str | None = None
 
 
 @dataclass
@@ -75,6 +78,7 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
 
     progress.step("resolve checkpoints")
     pair = _resolve(preset, request, log)
+    preset = resolve_moe(preset, pair.arch, log)  # the MoE backend and EP for the GPU (engine/moe.py)
     progress.step("validate the pair")
     warnings = _validate(preset, pair, log)
     progress.step("plan parallelism")
@@ -118,7 +122,8 @@ def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
 def _preset(request: BuildRequest) -> Preset:
     preset = load_preset(request.model).with_overrides(
         tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
-        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size)
+        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size,
+        moe_backend=request.moe_backend, profile=request.profile)
     if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
         raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
                           "--runtime trtllm")
