@@ -32,7 +32,7 @@ class PipelineConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     out: str = "models/smollm2-135m-dflash"
     max_prompts: int = 3000
-    max_new_tokens: int = 128
+    max_new_tokens: int = 384
     answer_batch_size: int = 32
     eval_prompts_per_family: int = 8
     # Directories of answer files (comma-separated) imported before generating (records must match
