@@ -21,9 +21,11 @@ def register(subparsers) -> None:
     parser.add_argument("--prompts", default="data/prompts", help="prompt sets root (<family>/{train,heldout}.jsonl)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--max-prompts", type=int, help="training prompts to answer (default: the preset's)")
-    parser.add_argument("--answers-from", metavar="DIR",
-                        help="import the target's answers from this directory before generating the rest "
+    parser.add_argument("--answers-from", metavar="DIR[,DIR...]",
+                        help="import the target's answers from these directories before generating the rest "
                              "(default: the preset's committed answers, unless --target is given; '' for none)")
+    parser.add_argument("--import-only", action="store_true",
+                        help="the answers stage imports answers and generates none: train on what exists")
     parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default: the preset's)")
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (cosine schedule ends there)")
@@ -63,6 +65,7 @@ def run(args) -> int:
     if answers_from is None and not args.target:
         answers_from = preset.get("answers")
     cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages, answers_from=answers_from or None,
+                         generate_answers=not args.import_only,
                          max_prompts=args.max_prompts or preset["max_prompts"],
                          max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])
     summary = run_pipeline(cfg)
