@@ -12,20 +12,13 @@ from typing import Iterator, Sequence
 
 import torch
 
+from . import acceptance
+from .acceptance import acceptance_lengths  # noqa: F401  (part of this module's API)
 from .drafter import DFlashDrafter
 from .errors import DFlashError
 from .results import GenerationResult, StepOutput
 from .sampling import SamplingParams, choose
 from .target import TargetModel
-
-
-def acceptance_lengths(block: torch.Tensor, choices: torch.Tensor) -> torch.Tensor:
-    """Accepted drafts per sequence: leading j in 1..S-1 with block[:, j] == choices[:, j-1].
-
-    block [B,S] = [anchor, drafts...]; choices [B,S]: the target's token for the position after each slot.
-    """
-    matches = (block[:, 1:] == choices[:, :-1]).long()
-    return matches.cumprod(dim=1).sum(dim=1)
 
 
 class _Sequence:
@@ -134,16 +127,21 @@ def decode(target: TargetModel, drafter: DFlashDrafter | None, prompts: Sequence
     _drop_finished(batch)
     is_first_draft = True
     while batch.seqs:
-        block = torch.full((len(batch.seqs), block_size), drafter.config.mask_token_id if use_drafter else 0,
-                           dtype=torch.long, device=target.device)
+        remaining = torch.tensor([s.params.max_new_tokens - len(s.result.token_ids) for s in batch.seqs],
+                                 device=target.device)
+        block_lens = acceptance.block_lengths(remaining, block_size)  # the last block shrinks
+        block = torch.full((len(batch.seqs), int(block_lens.max())),
+                           drafter.config.mask_token_id if use_drafter else 0, dtype=torch.long, device=target.device)
         block[:, 0] = batch.last_token
-        if use_drafter:
-            block[:, 1:] = _draft(target, drafter, batch, block)
+        proposal = None
+        if use_drafter and block.shape[1] > 1:
+            proposal = _draft(target, drafter, batch, block, block_lens)
+            block[:, 1:] = proposal.drafts
         if is_first_draft:  # decode-phase timing starts after the first draft call, as in the paper
             is_first_draft = False
             for seq in batch.seqs:
                 seq.decode_start = time.perf_counter()
-        yield from _verify(target, batch, block, layer_ids)
+        yield from _verify(target, batch, block, block_lens, proposal, layer_ids)
         _drop_finished(batch)
 
 
@@ -187,25 +185,30 @@ def _prefill(target: TargetModel, batch: _Batch, layer_ids) -> Iterator[StepOutp
 
 
 @torch.inference_mode()
-def _draft(target: TargetModel, drafter: DFlashDrafter, batch: _Batch, block: torch.Tensor) -> torch.Tensor:
-    """Draft tokens [B, S-1] for block slots 1..S-1 (slot k predicts position start + k)."""
-    drafts = drafter.propose(target, block, batch.features, batch.ctx_lens, batch.draft_cache)
+def _draft(target: TargetModel, drafter: DFlashDrafter, batch: _Batch, block: torch.Tensor,
+           block_lens: torch.Tensor) -> acceptance.Proposal:
+    """Drafts for block slots 1..S-1 (slot k predicts position start + k)."""
+    sampling = [(s.params.temperature, s.generator) for s in batch.seqs]
+    proposal = acceptance.propose(drafter, target, block, batch.features, batch.ctx_lens, batch.draft_cache,
+                                  block_lens, sampling)
     if not torch.equal(batch.draft_cache.lens, batch.next_pos):
         raise RuntimeError("draft cache out of step with the committed context")  # internal invariant
-    return drafts
+    return proposal
 
 
 @torch.inference_mode()
-def _verify(target: TargetModel, batch: _Batch, block: torch.Tensor, layer_ids) -> Iterator[StepOutput]:
+def _verify(target: TargetModel, batch: _Batch, block: torch.Tensor, block_lens: torch.Tensor,
+            proposal: acceptance.Proposal | None, layer_ids) -> Iterator[StepOutput]:
     num_seqs, block_size = block.shape
     device = block.device
     positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
     cached = batch.mask.shape[1]
     mask = torch.cat((batch.mask, torch.ones(num_seqs, block_size, dtype=torch.bool, device=device)), dim=1)
     out = target.forward(block, positions, mask.long(), batch.cache, layer_ids)
-    choices = torch.stack([choose(out.logits[row], seq.params, seq.generator)
-                           for row, seq in enumerate(batch.seqs)])
-    accepted = acceptance_lengths(block, choices)  # a per sequence
+    proposal = proposal or acceptance.Proposal(block[:, 1:])
+    decisions = [acceptance.accept_row(out.logits[row], block[row], int(block_lens[row]), proposal, row,
+                                       seq.params, seq.generator) for row, seq in enumerate(batch.seqs)]
+    accepted = torch.tensor([a for a, _ in decisions], device=device)  # a per sequence
 
     # Keep the slots of the longest committed run; rows that committed fewer are shifted right so that
     # their unused slots become left padding.
@@ -222,12 +225,12 @@ def _verify(target: TargetModel, batch: _Batch, block: torch.Tensor, layer_ids) 
     if out.features is not None:
         batch.features = out.features[:, :num_kept]
 
-    for row, seq in enumerate(batch.seqs):
-        a = int(accepted[row])
-        batch.last_token[row] = choices[row, a]
-        seq.result.acceptance_lengths.append(a + 1)
-        committed = seq.commit(block[row, 1:a + 1].tolist() + [int(choices[row, a])])
-        yield seq.step_output(committed, a + 1)
+    for row, (seq, (a, bonus)) in enumerate(zip(batch.seqs, decisions)):
+        batch.last_token[row] = bonus
+        committed = seq.commit(block[row, 1:a + 1].tolist() + [bonus])
+        # As the reference records it: the tokens this step produced, after max_new_tokens and stops.
+        seq.result.acceptance_lengths.append(len(committed))
+        yield seq.step_output(committed, len(committed))
 
 
 def _drop_finished(batch: _Batch) -> None:

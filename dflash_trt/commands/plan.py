@@ -24,6 +24,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import DrafterConfig
     from ..engine.arch import read_target_arch
+    from ..engine.moe import resolve_moe
     from ..engine.planner import format_plan, plan_parallelism
     from ..engine.presets import load_preset
 
@@ -31,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
                                                     memory_fraction=args.memory_fraction)
     target = _config_source("target", preset.target, args.target, args.checkpoints_dir)
     drafter = _config_source("drafter", preset.drafter, args.drafter, args.checkpoints_dir)
-    plan = plan_parallelism(preset.name, read_target_arch(target.path), DrafterConfig.from_file(drafter.path /
+    arch = read_target_arch(target.path)
+    preset = resolve_moe(preset, arch)  # TRITON on Hopper splits experts by EP only: the plan uses its EP
+    plan = plan_parallelism(preset.name, arch, DrafterConfig.from_file(drafter.path /
                             "config.json"), preset.tp, preset.ep, preset.gpu, preset.kv_dtype, preset.memory_fraction,
                             preset.dtype, preset.quant, args.seq_len or preset.max_seq_len)
     print(format_plan(plan))

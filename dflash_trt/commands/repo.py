@@ -32,6 +32,9 @@ def register(subparsers) -> None:
                         help="torch CPU threads per dflash instance (default 0: torch's choice)")
     parser.add_argument("--block-size", type=int, default=defaults.block_size,
                         help="draft block size served (default 0: the engine's; 1: plain decoding)")
+    parser.add_argument("--canary-tokens", type=int, default=defaults.canary_tokens,
+                        help=f"tokens of the load-time canary generation whose acceptance is logged and exported "
+                             f"(default {defaults.canary_tokens}; 0: off)")
     parser.set_defaults(func=run)
 
 
@@ -45,7 +48,7 @@ def run(args) -> int:
         dflash_instances=args.instances, preprocessing_instances=args.preprocessing_instances,
         postprocessing_instances=args.postprocessing_instances, max_queue_size=args.max_queue_size,
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
-        block_size=args.block_size,
+        block_size=args.block_size, canary_tokens=args.canary_tokens,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import DrafterConfig
+from ..drafters.support import check_runtime
 from ..errors import ConfigError
 from . import steps
 from .arch import TargetArch, read_target_arch
 from .artifacts import drafter_onnx, trtllm
 from .compat import check_compatible
 from .manifest import MANIFEST_NAME, EngineError, write_manifest
+from .moe import resolve_moe
 from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
 from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
@@ -46,6 +48,8 @@ class BuildRequest:
     checkpoints_dir: Path | None = None
     dry_run: bool = False
     block_size: int | None = None  # --speculative-config's num_speculative_tokens + 1
+    moe_backend: str | None = None
+    profile: str | None = None
 
 
 @dataclass
@@ -75,6 +79,7 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
 
     progress.step("resolve checkpoints")
     pair, missing = _resolve(preset, request, log)
+    preset = resolve_moe(preset, pair.arch, log)  # the MoE backend and EP for the GPU (engine/moe.py)
     progress.step("validate the pair")
     warnings = _validate(preset, pair, log)
     progress.step("plan parallelism")
@@ -133,7 +138,8 @@ def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
 def _preset(request: BuildRequest) -> Preset:
     preset = load_preset(request.model).with_overrides(
         tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
-        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size)
+        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size,
+        moe_backend=request.moe_backend, profile=request.profile)
     if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
         raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
                           "--runtime trtllm")
@@ -163,11 +169,13 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     warnings = check_compatible(pair.arch, pair.drafter_config, preset.block_size,
                                 f"{preset.drafter.id} with {preset.target.id}", preset.max_seq_len)
     d = pair.drafter_config
+    check_runtime(preset.runtime, d)
     if preset.runtime in ("onnx", "tensorrt") and preset.block_size != d.block_size:
         raise ConfigError(f"runtime {preset.runtime} exports the drafter with its trained block of {d.block_size}; "
                           f"block_size {preset.block_size} needs --runtime torch or trtllm")
-    log(f"  compatible: vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
-        f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
+    log(f"  compatible: {d.architecture}, vocabulary {d.vocab_size}, hidden {d.hidden_size}, "
+        f"{d.num_target_layers} target layers, layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, "
+        f"block {preset.block_size}")
     for warning in warnings:
         log(f"  warning: {warning}")
     return warnings
@@ -231,6 +239,8 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "kv_dtype": preset.kv_dtype,
         "block_size": preset.block_size,
         "max_draft_len": preset.max_draft_len,
+        "drafter_family": d.family,
+        "drafter_architecture": d.architecture,
         "target_layer_ids": list(d.target_layer_ids),
         "mask_token_id": d.mask_token_id,
         "num_target_layers": d.num_target_layers,

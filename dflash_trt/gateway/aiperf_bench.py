@@ -98,7 +98,8 @@ def heldout_dataset(prompts_dir: Path, path: Path) -> Path:
 
     by_family: dict[str, list[str]] = {}
     for family, prompt in load_prompts(prompts_dir, "heldout"):
-        by_family.setdefault(family, []).append(prompt)
+        if isinstance(prompt, str):  # single_turn: multi-turn prompts (chat message lists) are left out
+            by_family.setdefault(family, []).append(prompt)
     if not by_family:
         raise DFlashError(f"{prompts_dir}: no held-out prompts (<family>/heldout.jsonl)")
     rounds = zip(*by_family.values())

@@ -97,7 +97,9 @@ class DFlashService:
             end_ids = request_end_ids(gen, self.runtime.default_end_ids)
             stats = Stats(self.runtime.block_size)
             steps = self.runtime.steps(prompt_ids, gen, end_ids)
-            on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
+            clock = self.metrics.clock()  # time to first token and between releases (metrics.py)
+            on_step = lambda step, n: self.metrics.step(  # noqa: E731
+                step.acceptance_length, _drafts(step, stats), n, clock)
             for chunk in chunks(gen, prompt_ids, until_cancelled(steps, is_cancelled), self.runtime.tokenizer,
                                 stats, end_ids, on_step):
                 outputs = chunk_outputs(chunk, generation_id)

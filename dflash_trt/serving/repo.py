@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
@@ -43,12 +44,13 @@ class RepoConfig:
     device: str = "cpu"
     num_threads: int = 0  # torch CPU threads per dflash instance; 0: torch's default
     block_size: int = 0  # 0: the engine's; smaller overrides it, 1 = plain decoding (benchmark baseline)
+    canary_tokens: int = DEFAULT_CANARY_TOKENS  # the load-time canary generation (canary.py); 0: off
 
     def validate(self) -> None:
         for name in ("dflash_instances", "preprocessing_instances", "postprocessing_instances", "max_queue_size"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_us", "num_threads", "block_size"):
+        for name in ("queue_timeout_us", "num_threads", "block_size", "canary_tokens"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -91,6 +93,7 @@ def render_repository(config: RepoConfig) -> Path:
         "device": "cuda" if engine.runtime == "trtllm" else config.device,
         "num_threads": config.num_threads,
         "block_size": config.block_size,
+        "canary_tokens": config.canary_tokens,
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

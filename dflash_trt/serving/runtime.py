@@ -81,10 +81,11 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
 
 def _drafter(engine):
-    if engine.drafter is not None:  # torch and onnx: load_engine loaded it
+    if engine.drafter is not None:  # torch, onnx, and tensorrt on a CUDA device: load_engine loaded it
         return engine.drafter
     raise DFlashError(f"{engine.directory}: the {engine.runtime} runtime's drafter cannot run in this process "
-                      "(it needs TensorRT on a GPU); serve the torch or onnx engine of the same pair here")
+                      "(it needs TensorRT on a GPU: serve with a CUDA device); serve the torch or onnx engine "
+                      "of the same pair here")
 
 
 def default_end_ids(target) -> tuple[int, ...]:

@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dflash_trt.serving import dflash_service, requests, triton_io
+from dflash_trt.serving import canary, dflash_service, requests, triton_io
 from dflash_trt.serving.metrics import DFlashMetrics
 from dflash_trt.serving.runtime import open_runtime
 
@@ -22,7 +22,8 @@ class TritonPythonModel:
     postprocessing for ensemble requests) is checked between steps.
     Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
     device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = torch's default), block_size
-    (0 = the engine's, 1 = plain decoding).
+    (0 = the engine's, 1 = plain decoding), canary_tokens (length of the load-time canary generation whose
+    acceptance is logged and exported, see dflash_trt/serving/canary.py; 0 = off).
     Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
     """
 
@@ -41,6 +42,8 @@ class TritonPythonModel:
                                num_threads=triton_io.int_parameter(params, "num_threads", 0, name),
                                block_size=triton_io.int_parameter(params, "block_size", 0, name))
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
+        canary_tokens = triton_io.int_parameter(params, "canary_tokens", canary.DEFAULT_CANARY_TOKENS, name)
+        canary.check_at_load(runtime, canary_tokens, self.metrics, pb_utils.Logger)
         self.service = dflash_service.DFlashService(pb_utils, runtime, limits, self.metrics, pb_utils.Logger)
 
     def execute(self, requests_):
