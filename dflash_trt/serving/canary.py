@@ -39,7 +39,11 @@ class CanaryResult:
 
 
 def canary_prompt_ids(tokenizer, prompt: str = CANARY_PROMPT) -> list[int]:
-    """The prompt as the engine's tokenizer encodes it, through its chat template when it has one."""
+    """The prompt as the engine's tokenizer encodes it, through its chat template when it has one.
+
+    A target without a tokenizer takes token ids only: the canary then runs on a fixed run of low ids."""
+    if tokenizer is None:
+        return list(range(1, 17))
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids

@@ -120,3 +120,18 @@ def test_tritonserver_log_and_metrics_show_a_useless_drafter(canary_pair, tmp_pa
     rate = float(re.search(r'^dflash_canary_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
     tau = float(re.search(r'^dflash_canary_acceptance_length\{model="dflash"\} (\S+)$', page, re.M).group(1))
     assert rate < canary.NEAR_ZERO_ACCEPTANCE and 1.0 <= tau < 1.5
+
+
+def test_a_target_without_a_tokenizer_still_gets_its_canary(tmp_path):
+    # Such a target takes token ids only (no invented vocabulary): the canary runs on fixed ids, not text.
+    from dflash_trt.drafter import save_drafter
+    from dflash_trt.target import load_target
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    model = make_tiny_target("qwen3")
+    model.save_pretrained(tmp_path / "target")
+    save_drafter(make_tiny_drafter(model.config), tmp_path / "drafter")
+    runtime = runtime_for(tmp_path, "drafter")
+    assert load_target(tmp_path / "target").tokenizer is None
+    result = canary.run_canary(runtime, 12)
+    assert result.num_output_tokens == 12 and result.num_spec_steps >= 1
