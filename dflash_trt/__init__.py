@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "DFlashDrafter": "dflash_trt.drafter",
+    "DFlash2Drafter": "dflash_trt.drafter",
     "load_drafter": "dflash_trt.drafter",
     "save_drafter": "dflash_trt.drafter",
     "DrafterConfig": "dflash_trt.config",

@@ -29,6 +29,9 @@ class Request:
         self.request_id, self.prompt, self.params = request_id, list(prompt), params
         # The sampling stream of the request (sampling.choose_keyed); greedy requests never use it.
         self.seed = params.seed if params.seed is not None else new_seed()
+        # A generator for drafters that sample their drafts and for rejection sampling against their q
+        # (DFlash2 at T > 0); created on first use, seeded from the request's stream.
+        self._generator: torch.Generator | None = None
         self.result = GenerationResult(token_ids=[], finish_reason="", block_size=max_block_size)
         self.reserved_tokens = len(self.prompt) + params.max_new_tokens + max_block_size  # KV slots at most
         self.decode_start = 0.0
@@ -36,6 +39,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return bool(self.result.finish_reason)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        if self._generator is None and not self.params.is_greedy:
+            self._generator = torch.Generator().manual_seed(self.seed)
+        return self._generator
 
     @property
     def remaining(self) -> int:
@@ -181,8 +190,11 @@ def _cat_rows(a, b, capacity: int):
 
 
 def shrink_draft_cache(cache, capacity: int) -> None:
-    """Release capacity no remaining row can reach (context rows stay left-aligned below lens)."""
-    if getattr(cache, "k", None) and cache.k[0].shape[2] > capacity:
+    """Release capacity no remaining row can reach (context rows stay left-aligned below lens); a drafter's
+    own `shrink` if it has one."""
+    if hasattr(cache, "shrink"):
+        cache.shrink(capacity)
+    elif getattr(cache, "k", None) and cache.k[0].shape[2] > capacity:
         cache.k = [t[:, :, :capacity] for t in cache.k]
         cache.v = [t[:, :, :capacity] for t in cache.v]
 

@@ -21,7 +21,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class PromptRecord:
-    prompt: str
+    prompt: str | list  # text, or chat messages ending on a user turn (multi-turn prompt sets)
     family: str = ""
 
 
@@ -66,7 +66,10 @@ class BenchReport:
 
 
 def load_prompts(path: str | Path) -> list[PromptRecord]:
-    """One prompt per line, or JSON lines with a `prompt` field (and optionally `family`)."""
+    """One prompt per line, or JSON lines with a `prompt` field (and optionally `family`).
+
+    A JSON `prompt` is a string, or a list of chat messages (`role`, `content`) ending on a user turn.
+    """
     path = Path(path)
     if not path.is_file():
         raise DFlashError(f"{path}: prompt file not found")
@@ -77,7 +80,8 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
         if line.lstrip().startswith("{"):
             try:
                 item = json.loads(line)
-                records.append(PromptRecord(str(item["prompt"]), str(item.get("family", ""))))
+                prompt = item["prompt"] if isinstance(item["prompt"], list) else str(item["prompt"])
+                records.append(PromptRecord(prompt, str(item.get("family", ""))))
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise DFlashError(f"{path}:{number}: expected a JSON object with a 'prompt' field") from None
         else:

@@ -1,4 +1,9 @@
-"""The drafter's config.json: parsing, validation and the default target layer ids."""
+"""The drafter's config.json: parsing, validation and the default target layer ids.
+
+Two families share one format: DFlash (`DFlashDraftModel`) and DFlash2 (`DFlash2DraftModel`, which adds
+grouped dynamic convolutions and a candidate selector). As in the reference, a drafter setting is read from
+`dflash_config` first and from the top level second, for both families.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_fields import (MISSING, attention_layers, draft_value, non_negative_int, optional_float,
+                            positive_float, positive_int, rope_settings)
 from .errors import ConfigError
 
 CONFIG_NAME = "config.json"
 
-# Fields the drafter needs; every other key of config.json is kept verbatim for round-trips.
-_REQUIRED_INT_FIELDS = (
+# Architecture string of config.json -> drafter family (the key of dflash_trt.drafters.FAMILIES).
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+FAMILY_ARCHITECTURE = {family: arch for arch, family in ARCHITECTURES.items()}
+
+# Decoder geometry, read from the top level.
+_GEOMETRY_FIELDS = (
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
     "num_attention_heads",
     "num_key_value_heads",
     "vocab_size",
-    "block_size",
-    "num_target_layers",
 )
+# Drafter settings, read from dflash_config first and then the top level.
+_DRAFT_INT_FIELDS = ("block_size", "num_target_layers")
+# Required by DFlash2 only (no default in the reference).
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -37,7 +50,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """What the runtime needs from a DFlash drafter's config.json."""
+    """What the runtime needs from a DFlash or DFlash2 drafter's config.json."""
 
     hidden_size: int
     intermediate_size: int
@@ -55,12 +68,47 @@ class DrafterConfig:
     rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False
     max_position_embeddings: int = 32768
+    family: str = "dflash"
+    # Per draft layer: the attention window W (a key at p is seen from P iff |P - p| < W; None = all) and
+    # whether the block is masked causally (the reference: `is_causal` if given, else layer is sliding).
+    layer_windows: tuple[int | None, ...] = ()
+    layer_causal: tuple[bool, ...] = ()
+    # Draft logits: z * output_multiplier, then c * tanh(z / c) when final_logit_softcapping c is set.
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    input_embedding_scale: float = 1.0
+    # DFlash2 only (0 for DFlash).
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
     # The whole config.json as read, so that saving writes back every key (architectures, auto_map, ...).
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        layers = self.num_hidden_layers
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * layers)
+        if not self.layer_causal:
+            object.__setattr__(self, "layer_causal", (False,) * layers)
 
     @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def architecture(self) -> str:
+        return FAMILY_ARCHITECTURE[self.family]
+
+    @property
+    def is_sliding(self) -> bool:
+        """Whether some draft layer attends only within a window (its context cache stays bounded)."""
+        return any(w is not None for w in self.layer_windows)
+
+    @property
+    def is_plain_attention(self) -> bool:
+        """Every layer attends to every context row without a mask (what the attention plugin computes)."""
+        return not self.is_sliding and not any(self.layer_causal)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> "DrafterConfig":
@@ -80,13 +128,24 @@ class DrafterConfig:
     def to_dict(self) -> dict[str, Any]:
         """config.json content in the published format (unknown keys of the source kept)."""
         data = dict(self.raw)
-        for name in _REQUIRED_INT_FIELDS + ("head_dim", "rms_norm_eps", "rope_theta", "attention_bias",
-                                            "max_position_embeddings"):
+        data["architectures"] = [self.architecture]
+        data.setdefault("model_type", "qwen3")
+        for name in _GEOMETRY_FIELDS + _DRAFT_INT_FIELDS + ("head_dim", "rms_norm_eps", "rope_theta",
+                                                            "attention_bias", "max_position_embeddings"):
             data[name] = getattr(self, name)
         data["rope_scaling"] = self.rope_scaling
         dflash = dict(data.get("dflash_config") or {})
         dflash["target_layer_ids"] = list(self.target_layer_ids)
         dflash["mask_token_id"] = self.mask_token_id
+        extra = DFLASH2_FIELDS + ("block_size",) if self.family == "dflash2" else ()
+        for name in extra + tuple(k for k in _DRAFT_INT_FIELDS if k in dflash):
+            dflash[name] = getattr(self, name)
+        for name, default in (("output_multiplier", 1.0), ("final_logit_softcapping", None),
+                              ("input_embedding_scale", 1.0)):
+            value = getattr(self, name)
+            if value != default or name in dflash:
+                dflash[name] = value
+                data.pop(name, None)
         data["dflash_config"] = dflash
         return data
 
@@ -94,48 +153,74 @@ class DrafterConfig:
 def _parse(data: dict[str, Any], source: str) -> DrafterConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object")
-    values: dict[str, Any] = {}
-    for name in _REQUIRED_INT_FIELDS:
-        values[name] = _positive_int(data, name, source)
+    dflash = data.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise ConfigError(f"{source}: dflash_config must be an object")
+    values: dict[str, Any] = {"family": _family(data, source)}
+    for name in _GEOMETRY_FIELDS:
+        values[name] = positive_int(data.get(name, MISSING), name, source)
+    for name in _DRAFT_INT_FIELDS:
+        values[name] = positive_int(draft_value(data, name, MISSING), name, source)
 
     heads, kv_heads = values["num_attention_heads"], values["num_key_value_heads"]
     if heads % kv_heads:
         raise ConfigError(f"{source}: num_attention_heads ({heads}) is not a multiple of "
                           f"num_key_value_heads ({kv_heads})")
-    head_dim = data.get("head_dim") or values["hidden_size"] // heads
-    values["head_dim"] = _positive_int({"head_dim": head_dim}, "head_dim", source)
+    values["head_dim"] = positive_int(data.get("head_dim") or values["hidden_size"] // heads, "head_dim", source)
 
-    _reject_sliding_window(data, source)
-
-    dflash = data.get("dflash_config") or {}
-    if not isinstance(dflash, dict):
-        raise ConfigError(f"{source}: dflash_config must be an object")
-    if "mask_token_id" not in dflash:
+    mask_token_id = draft_value(data, "mask_token_id")
+    if mask_token_id is None:
         raise ConfigError(f"{source}: dflash_config.mask_token_id is missing")
-    mask_token_id = dflash["mask_token_id"]
-    if not isinstance(mask_token_id, int) or mask_token_id < 0:
-        raise ConfigError(f"{source}: dflash_config.mask_token_id must be a non-negative integer")
-    values["mask_token_id"] = mask_token_id
+    values["mask_token_id"] = non_negative_int(mask_token_id, "dflash_config.mask_token_id", source)
 
-    layer_ids = dflash.get("target_layer_ids")
+    layer_ids = draft_value(data, "target_layer_ids")
     if layer_ids is None:
         layer_ids = default_target_layer_ids(values["num_target_layers"], values["num_hidden_layers"])
     values["target_layer_ids"] = _layer_ids(layer_ids, values["num_target_layers"], source)
 
+    values["layer_windows"], values["layer_causal"] = attention_layers(data, values["num_hidden_layers"], source)
+    values["output_multiplier"] = positive_float(draft_value(data, "output_multiplier", 1.0),
+                                                 "output_multiplier", source)
+    values["final_logit_softcapping"] = optional_float(draft_value(data, "final_logit_softcapping"),
+                                                       "final_logit_softcapping", source)
+    values["input_embedding_scale"] = positive_float(draft_value(data, "input_embedding_scale", 1.0),
+                                                     "input_embedding_scale", source)
+    if values["family"] == "dflash2":
+        values.update(_dflash2_fields(data, values, source))
+
     values["rms_norm_eps"] = float(data.get("rms_norm_eps", 1e-6))
     values["attention_bias"] = bool(data.get("attention_bias", False))
     values["max_position_embeddings"] = int(data.get("max_position_embeddings", 32768))
-    values["rope_theta"], values["rope_scaling"] = _rope(data, source)
+    values["rope_theta"], values["rope_scaling"] = rope_settings(data, source)
     return DrafterConfig(**values, raw=dict(data))
 
 
-def _positive_int(data: dict[str, Any], name: str, source: str) -> int:
-    if name not in data:
-        raise ConfigError(f"{source}: field '{name}' is missing")
-    value = data[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{source}: field '{name}' must be a positive integer, got {value!r}")
-    return value
+def _family(data: dict[str, Any], source: str) -> str:
+    architectures = data.get("architectures")
+    if architectures is None:
+        return "dflash"  # older DFlash configs name no architecture
+    if (not isinstance(architectures, list) or len(architectures) != 1
+            or architectures[0] not in ARCHITECTURES):
+        raise ConfigError(f"{source}: architectures {architectures!r} is not a DFlash drafter "
+                          f"(expected [\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"])")
+    return ARCHITECTURES[architectures[0]]
+
+
+def _dflash2_fields(data: dict[str, Any], values: dict[str, Any], source: str) -> dict[str, int]:
+    fields = {}
+    for name in DFLASH2_FIELDS:
+        value = draft_value(data, name, MISSING)
+        if value is MISSING:
+            raise ConfigError(f"{source}: DFlash2DraftModel needs dflash_config.{name}, which is missing")
+        fields[name] = positive_int(value, f"dflash_config.{name}", source)
+    hidden = values["hidden_size"]
+    if hidden % fields["conv_group_size"]:
+        raise ConfigError(f"{source}: dflash_config.conv_group_size {fields['conv_group_size']} does not "
+                          f"divide hidden_size {hidden}")
+    if fields["selector_top_k"] > values["vocab_size"]:
+        raise ConfigError(f"{source}: dflash_config.selector_top_k {fields['selector_top_k']} exceeds "
+                          f"vocab_size {values['vocab_size']}")
+    return fields
 
 
 def _layer_ids(layer_ids: Any, num_target_layers: int, source: str) -> tuple[int, ...]:
@@ -148,34 +233,3 @@ def _layer_ids(layer_ids: Any, num_target_layers: int, source: str) -> tuple[int
         raise ConfigError(f"{source}: dflash_config.target_layer_ids {bad} outside the target's "
                           f"{num_target_layers} layers (num_target_layers)")
     return tuple(layer_ids)
-
-
-def _rope(data: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
-    # Older configs carry rope_theta and rope_scaling; transformers 5 writes rope_parameters instead.
-    params = data.get("rope_parameters") or {}
-    scaling = data.get("rope_scaling") or None
-    theta = data.get("rope_theta", params.get("rope_theta", 10000.0))
-    if scaling is None and params.get("rope_type", "default") != "default":
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ("default", "yarn"):
-            raise ConfigError(f"{source}: rope_scaling type '{kind}' is not supported (default or yarn)")
-        if kind == "default":
-            scaling = None
-        else:
-            for key in ("factor", "original_max_position_embeddings"):
-                if key not in scaling:
-                    raise ConfigError(f"{source}: rope_scaling.{key} is missing for YaRN")
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise ConfigError(f"{source}: rope_theta must be positive, got {theta!r}")
-    return float(theta), scaling
-
-
-def _reject_sliding_window(data: dict[str, Any], source: str) -> None:
-    layer_types = data.get("layer_types") or []
-    if any(kind != "full_attention" for kind in layer_types):
-        raise ConfigError(f"{source}: layer_types {sorted(set(layer_types))}: sliding-window drafters are "
-                          "not supported yet (only full_attention layers)")
-    if data.get("use_sliding_window"):
-        raise ConfigError(f"{source}: use_sliding_window is set: sliding-window drafters are not supported yet")

@@ -19,6 +19,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from . import acceptance
+from .acceptance import acceptance_lengths  # noqa: F401  (part of this module's API)
 from .batch import RunningBatch
 from .drafter import DFlashDrafter
 from .errors import DFlashError
@@ -31,21 +33,14 @@ from .target import TargetModel
 FEATURE_BACKLOG = 32
 
 
-def acceptance_lengths(block: torch.Tensor, choices: torch.Tensor) -> torch.Tensor:
-    """Accepted drafts per sequence: leading j in 1..S-1 with block[:, j] == choices[:, j-1].
-
-    block [B,S] = [anchor, drafts...]; choices [B,S]: the target's token for the position after each slot.
-    """
-    matches = (block[:, 1:] == choices[:, :-1]).long()
-    return matches.cumprod(dim=1).sum(dim=1)
-
-
 @dataclass
 class Verified:
     """What one verify forward decided: the target's choices and the accepted drafts per row."""
 
     choices: torch.Tensor  # [B, S]
     accepted: torch.Tensor  # [B]
+    bonus: torch.Tensor  # [B] the token committed after the accepted drafts
+    block_lens: torch.Tensor  # [B] real slots of each row's block
     features: torch.Tensor | None  # [B, S, K*D] target features of the block positions
     mask: torch.Tensor  # [B, cached + S] the cache mask including the block
     cached: int  # cache width before the block
@@ -59,10 +54,18 @@ class StepReport:
 
 
 def decode_step(target: TargetModel, drafter, batch: RunningBatch, block_size: int, layer_ids) -> StepReport:
-    """One decoding step of the whole batch with `block_size` (1: plain decoding, no draft)."""
-    drafted = drafter is not None and block_size > 1
+    """One decoding step of the whole batch with `block_size` (1: plain decoding, no draft).
+
+    Each row's block shrinks to the tokens it still may emit (acceptance.block_lengths), as in the
+    reference loop; slots past a row's length are padding that the drafter hides and acceptance ignores.
+    """
+    remaining = torch.tensor([r.remaining for r in batch.requests], device=batch.last_token.device)
+    block_lens = acceptance.block_lengths(remaining, block_size)
+    width = int(block_lens.max())
+    drafted = drafter is not None and width > 1
+    proposal = None
     if drafted:
-        block = draft_block(target, drafter, batch, block_size)
+        block, proposal = draft_block(target, drafter, batch, width, block_lens)
     else:
         block = batch.last_token[:, None].clone()
         if drafter is not None and batch.features is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
@@ -70,22 +73,29 @@ def decode_step(target: TargetModel, drafter, batch: RunningBatch, block_size: i
     now = time.perf_counter()
     for request in batch.requests:  # decode-phase timing starts after the first draft call, as in the paper
         request.decode_start = request.decode_start or now
-    verified = verify_block(target, batch, block, layer_ids)
+    verified = verify_block(target, batch, block, block_lens, proposal, layer_ids)
     outputs = commit_block(target, batch, block, verified, drafted)
-    return StepReport(outputs, block_size, verified.accepted.tolist())
+    return StepReport(outputs, width, verified.accepted.tolist())
 
 
 @torch.inference_mode()
-def draft_block(target: TargetModel, drafter, batch: RunningBatch, block_size: int) -> torch.Tensor:
-    """Block [B, S] = [last committed token, S - 1 drafts] (slot k predicts position next_pos + k)."""
+def draft_block(target: TargetModel, drafter, batch: RunningBatch, block_size: int,
+                block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, acceptance.Proposal]:
+    """Block [B, S] = [last committed token, S - 1 drafts] (slot k predicts position next_pos + k), and the
+    drafter's proposal (drafts, and for a drafter that samples them its candidates and q)."""
     block = torch.full((len(batch), block_size), drafter.config.mask_token_id, dtype=torch.long,
                        device=batch.last_token.device)
     block[:, 0] = batch.last_token
-    block[:, 1:] = drafter.propose(target, block, batch.features, batch.ctx_lens, batch.draft_cache)
+    if block_lens is None:
+        block_lens = torch.full((len(batch),), block_size, dtype=torch.long, device=block.device)
+    sampling = [(r.params.temperature, r.generator) for r in batch.requests]
+    proposal = acceptance.propose(drafter, target, block, batch.features, batch.ctx_lens, batch.draft_cache,
+                                  block_lens, sampling)
+    block[:, 1:] = proposal.drafts
     if not torch.equal(batch.draft_cache.lens, batch.next_pos):
         raise RuntimeError("draft cache out of step with the committed context")  # internal invariant
     batch.features, batch.ctx_lens = batch.features[:, :0], torch.zeros_like(batch.ctx_lens)
-    return block
+    return block, proposal
 
 
 @torch.inference_mode()
@@ -95,8 +105,14 @@ def absorb_context(target: TargetModel, drafter, batch: RunningBatch) -> None:
 
 
 @torch.inference_mode()
-def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, layer_ids) -> Verified:
-    """One target forward over the block; choices[b, j] is the target's token after block slot j."""
+def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, block_lens: torch.Tensor,
+                 proposal: acceptance.Proposal | None, layer_ids) -> Verified:
+    """One target forward over the block; choices[b, j] is the target's token after block slot j.
+
+    Drafts are accepted while they equal the target's own choice (greedy or a keyed sample), within the
+    row's block length; drafts sampled from a q (the DFlash2 selector at T > 0) go through rejection
+    sampling against it instead (acceptance.accept_row).
+    """
     num_rows, block_size = block.shape
     device = block.device
     positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
@@ -109,7 +125,15 @@ def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
         choices = torch.stack([choose_keyed(out.logits[row], request.params, request.seed,
                                             len(request.result.token_ids))
                                for row, request in enumerate(batch.requests)])
-    return Verified(choices, acceptance_lengths(block, choices), out.features, mask, cached)
+    accepted = torch.minimum(acceptance_lengths(block, choices), block_lens - 1)
+    bonus = choices.gather(1, accepted[:, None]).squeeze(1)
+    if proposal is not None and proposal.q is not None:
+        for row, request in enumerate(batch.requests):
+            if not request.params.is_greedy:
+                a, token = acceptance.accept_row(out.logits[row], block[row], int(block_lens[row]), proposal, row,
+                                                 request.params, request.generator)
+                accepted[row], bonus[row] = a, token
+    return Verified(choices, accepted, bonus, block_lens, out.features, mask, cached)
 
 
 @torch.inference_mode()
@@ -132,19 +156,18 @@ def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
         batch.append_features(verified.features[:, :num_kept], accepted + 1)
     batch.trim()
 
-    num_drafts = block.shape[1] - 1 if drafted else 0
+    num_drafts = (verified.block_lens - 1).tolist() if drafted else [0] * len(batch.requests)
     outputs = []
-    accepted_list, rows = accepted.tolist(), verified.choices.tolist()
+    accepted_list, bonus = accepted.tolist(), verified.bonus.tolist()
     block_rows = block.tolist()
-    batch.last_token = verified.choices.gather(1, accepted[:, None]).squeeze(1)  # the target's bonus token
+    batch.last_token = verified.bonus.clone()  # the token after the accepted drafts
     for row, request in enumerate(batch.requests):
         a = accepted_list[row]
-        committed = request.commit(block_rows[row][1:a + 1] + [rows[row][a]])
-        # What the step committed: a + 1, or fewer where the request ended inside the accepted run (a block
-        # sized for the longest row of the batch may accept more than a short request has left).
+        committed = request.commit(block_rows[row][1:a + 1] + [bonus[row]])
+        # As the reference records it: the tokens this step produced, after max_new_tokens and stops.
         request.result.acceptance_lengths.append(len(committed))
-        request.result.draft_lengths.append(num_drafts)
-        outputs.append(request.step_output(committed, len(committed), num_drafts))
+        request.result.draft_lengths.append(num_drafts[row])
+        outputs.append(request.step_output(committed, len(committed), num_drafts[row]))
     return outputs
 
 

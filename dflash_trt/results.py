@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 class GenerationResult:
     """New tokens of one sequence plus its speculative-decoding statistics.
 
-    acceptance_lengths holds a + 1 per verify step (accepted drafts plus the target's bonus token).
+    acceptance_lengths holds the tokens each verify step produced: a + 1 (accepted drafts plus the target's
+    bonus token), cut at max_new_tokens and after a stop token, as the reference records it.
     Timing is decode-phase only in decode_s: it excludes the prefill and the first draft call.
     """
 

@@ -167,7 +167,8 @@ class Scheduler:
         if first and self.drafter is not None:
             block_size = max(block_size, 2)  # the drafter takes in the prompt while the group is alone
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
-            block_size = max(1, min(block_size, max(r.remaining for r in batch.requests)))
+            # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
+            block_size = max(1, min(block_size, max(r.remaining for r in batch.requests) + 1))
         else:
             block_size = block_size if block_size in self.block_sizes else self.max_block_size
         start = time.perf_counter()

@@ -4,6 +4,9 @@
 
 `model` is the drafter directory; the block size is num_speculative_tokens + 1 (the block's first slot
 holds the last committed token). Omitting num_speculative_tokens uses the drafter's trained block size.
+As in vLLM, DFlash2 drafters use the same method "dflash" (the checkpoint's architecture,
+DFlash2DraftModel, selects the family); like vLLM, `method` may be omitted when the model path
+contains "dflash" (vLLM's detection rule).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class SpeculativeConfig:
     drafter: Path
     block_size: int
     trained_block_size: int
+    family: str = "dflash"
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -40,18 +44,21 @@ def parse_speculative_config(text: str) -> SpeculativeConfig:
     if unknown:
         raise ConfigError(f"{OPTION}: unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(KEYS)})")
     method = data.get("method")
-    if method is None:
-        raise ConfigError(f"{OPTION}: 'method' is missing (only \"{METHOD}\" is supported)")
-    if not isinstance(method, str) or method.lower() != METHOD:
-        raise ConfigError(f"{OPTION}: method {method!r} is not supported (only \"{METHOD}\")")
+    if method is not None and (not isinstance(method, str) or method.lower() != METHOD):
+        hint = ' (DFlash2 drafters run under method "dflash", as in vLLM)' if str(method).lower() == "dflash2" else ""
+        raise ConfigError(f"{OPTION}: method {method!r} is not supported (only \"{METHOD}\"){hint}")
     model = data.get("model")
+    if method is None and not (isinstance(model, str) and METHOD in model.lower()):
+        raise ConfigError(f"{OPTION}: 'method' is missing (only \"{METHOD}\" is supported)")
     if not isinstance(model, str) or not model:
         raise ConfigError(f"{OPTION}: 'model' must name the DFlash drafter directory")
     drafter = Path(model)
     if not (drafter / CONFIG_NAME).is_file():
         raise ConfigError(f"{OPTION}: model {model!r} is not a local drafter directory (no {CONFIG_NAME})")
-    trained = DrafterConfig.from_file(drafter / CONFIG_NAME).block_size
-    return SpeculativeConfig(drafter, _block_size(data.get("num_speculative_tokens"), trained), trained)
+    config = DrafterConfig.from_file(drafter / CONFIG_NAME)  # names a non-DFlash architecture in one line
+    trained = config.block_size
+    return SpeculativeConfig(drafter, _block_size(data.get("num_speculative_tokens"), trained), trained,
+                             config.family)
 
 
 def _json_object(text: str) -> dict:

@@ -158,7 +158,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
     pack: CPU float32 linear layers are packed for oneDNN (cpu_linear.py). Pass False when the model is
     about to be transformed module by module (ModelOpt quantization replaces nn.Linear by exact type).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     kwargs: dict = {}
@@ -173,10 +173,33 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
     if pack:
         pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
-    target = TargetModel(model, tokenizer=None, source=str(path))
+    target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
     target.use_bf16_draft_head()
-    try:
-        target.tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
-    except (OSError, ValueError):
-        pass  # no tokenizer: token ids in, token ids out
     return target
+
+
+# Files that hold a vocabulary. Without one, transformers 5 still builds a tokenizer for some
+# architectures (an empty Qwen2Tokenizer for Qwen3, whose eos would then be token 0).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether a model directory (or GGUF file, which embeds its vocabulary) ships a tokenizer."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        return path.is_file()
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer shipped with a model directory or GGUF file, or None when it has none:
+    then the model takes and gives token ids only."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not has_tokenizer(path):
+        return None
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path))

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .config import DrafterConfig, default_target_layer_ids
-from .drafter import DFlashDrafter, save_drafter
+from .config import FAMILY_ARCHITECTURE, DrafterConfig, default_target_layer_ids
+from .drafters import DrafterBase, build_drafter, save_drafter
 
 TARGET_ARCHS = ("llama", "qwen3", "gpt_oss")
 
@@ -64,11 +64,25 @@ def make_tiny_target(arch: str, directory: str | Path | None = None, seed: int =
 
 def tiny_drafter_config(target_config, block_size: int = 8, num_layers: int = 2, mask_token_id: int | None = None,
                         attention_bias: bool = False, rope_scaling: dict | None = None,
-                        target_layer_ids: list[int] | None = None) -> DrafterConfig:
-    """Drafter config matching `target_config` (hidden size, vocabulary, layer count)."""
+                        target_layer_ids: list[int] | None = None, family: str = "dflash",
+                        sliding_window: int | None = None, is_causal: bool | None = None,
+                        **dflash_settings) -> DrafterConfig:
+    """Drafter config matching `target_config` (hidden size, vocabulary, layer count).
+
+    family "dflash2" adds the DFlash2 fields (2 taps, groups of 16 channels, rank 8, top-8 unless given in
+    dflash_settings); sliding_window makes every layer a sliding one; dflash_settings go to dflash_config
+    (output_multiplier, final_logit_softcapping, ...).
+    """
     num_target_layers = target_config.num_hidden_layers
+    dflash = {
+        "target_layer_ids": target_layer_ids or default_target_layer_ids(num_target_layers, min(num_layers, 3)),
+        "mask_token_id": target_config.vocab_size - 1 if mask_token_id is None else mask_token_id,
+    }
+    if family == "dflash2":
+        dflash.update(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=8)
+    dflash.update(dflash_settings)
     data = {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [FAMILY_ARCHITECTURE[family]],
         "model_type": "qwen3",
         "hidden_size": target_config.hidden_size,
         "intermediate_size": 2 * target_config.hidden_size,
@@ -84,27 +98,38 @@ def tiny_drafter_config(target_config, block_size: int = 8, num_layers: int = 2,
         "rope_scaling": rope_scaling,
         "attention_bias": attention_bias,
         "max_position_embeddings": 2048,
-        "dflash_config": {
-            "target_layer_ids": target_layer_ids or default_target_layer_ids(num_target_layers, min(num_layers, 3)),
-            "mask_token_id": target_config.vocab_size - 1 if mask_token_id is None else mask_token_id,
-        },
+        "dflash_config": dflash,
     }
+    if sliding_window is not None:
+        data.update(layer_types=["sliding_attention"] * num_layers, sliding_window=sliding_window,
+                    use_sliding_window=True)
+    if is_causal is not None:
+        data["is_causal"] = is_causal
     return DrafterConfig.from_dict(data)
 
 
 def make_tiny_drafter(target_config, directory: str | Path | None = None, seed: int = 0,
-                      **config_kwargs) -> DFlashDrafter:
-    """A random-weight drafter for `target_config` (saved in the published format when directory is given)."""
+                      **config_kwargs) -> DrafterBase:
+    """A random-weight drafter for `target_config` (saved in the published format when directory is given).
+
+    DFlash2 drafters get random convolutions and codebooks too, so both modules change the drafts.
+    """
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(tiny_drafter_config(target_config, **config_kwargs))
+    drafter = build_drafter(tiny_drafter_config(target_config, **config_kwargs))
     with torch.no_grad():
         for name, param in drafter.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
             elif name.endswith("bias"):
                 param.normal_(0, 0.1)
+            elif name.endswith("base_kernel"):
+                param.normal_(0, 0.3)
+                param[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight"):
+                param.normal_(0, 0.05)
+            elif name.endswith("codebook"):
+                param.normal_(0, 1.0)
     drafter.eval()
     if directory is not None:
         save_drafter(drafter, directory)
     return drafter
-

@@ -3,8 +3,9 @@
 # its Makefile. It builds engines (`entrypoint engine|prepare`) and serves a model repository (`entrypoint serve`).
 #
 # Base: NGC tritonserver 26.10, trtllm-python-py3 flavour (Triton 2.74, CUDA 13.4, Python 3.12).
-# DFlash needs TensorRT-LLM >= 1.3; this base is expected to carry TensorRT-LLM 1.3.x, but only the
-# 26.07 row (TensorRT-LLM 1.2.1, too old) is confirmed in Triton's published compatibility table.
+# DFlash needs TensorRT-LLM >= 1.3.0rc13, the first release with DFlashDecodingConfig (NVIDIA/TensorRT-LLM
+# PR #12794, DFlash on gpt-oss included; 1.3.0rc12 predates it). This base is expected to carry TensorRT-LLM
+# 1.3.x, but only the 26.07 row (TensorRT-LLM 1.2.1, too old) is confirmed in Triton's compatibility table.
 # The build runs `check-runtime` and fails if the base carries an older TensorRT-LLM
 # (deploy/README.md, Known issues). Override with --build-arg BASE_IMAGE=... to move to a newer tag.
 #
@@ -14,7 +15,7 @@ FROM ${BASE_IMAGE}
 
 # CUDA architectures for the plugin kernels: Hopper (H100/H200) and Blackwell (B200/B300).
 ARG CUDA_ARCHS="90;100"
-ARG MIN_TRTLLM_VERSION=1.3
+ARG MIN_TRTLLM_VERSION=1.3.0rc13
 
 ENV DFLASH_HOME=/opt/dflash-trt \
     DFLASH_DATA=/data \

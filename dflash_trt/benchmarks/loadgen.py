@@ -103,7 +103,7 @@ def _percentiles(seconds: list[float]) -> dict:
 
 def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency: int, duration_s: float,
               max_tokens: int, request_timeout_s: float = 600.0, clock=time.perf_counter, **params) -> LoadLevel:
-    """Keep `concurrency` requests in flight for duration_s; returns every request's record."""
+    """Keep `concurrency` requests in flight for duration_s (at least one each); returns every request's record."""
     prompt_cycle = itertools.cycle(prompts)
     lock = threading.Lock()
     records: list[RequestRecord] = []
@@ -116,7 +116,7 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
 
     def worker() -> None:
         stream = None
-        while clock() < deadline:
+        while True:  # every stream measures at least one request, however late a loaded machine starts it
             if stream is None:
                 stream, record = _open(open_stream, clock)
             if stream is not None:
@@ -127,6 +127,8 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
                 # A failed stream may still deliver the old request's responses: start a fresh one.
                 _close(stream)
                 stream = None
+            if clock() >= deadline:
+                break
         _close(stream)
 
     threads = [threading.Thread(target=worker, name=f"load-{i}", daemon=True) for i in range(concurrency)]

@@ -84,13 +84,13 @@ def format_table(summary: dict) -> str:
     s = summary["settings"]
     lines = [f"In process: {summary['engine']}, greedy, {s['num_prompts']} prompts per family, "
              f"{s['max_new_tokens']} new tokens; speedup = decode-phase TPOT of block size 1 / DFlash",
-             f"{'family':<14}{'block':>6}{'tau':>7}{'speedup':>9}{'TPOT ms':>17}{'identical':>11}"]
+             f"{'family':<20}{'block':>6}{'tau':>7}{'speedup':>9}{'TPOT ms':>17}{'identical':>11}"]
     rows = [(family, data["sweep"]) for family, data in summary["per_family"].items()]
     rows.append(("all", summary["sweep"]))
     for name, sweep in rows:
         for size, f in sweep.items():
             tpot = f"{f['tpot_ms']['dflash']:.1f} / {f['tpot_ms']['baseline']:.1f}"
-            lines.append(f"{name:<14}{size:>6}{f['tau']:>7.2f}{f['speedup']:>8.2f}x{tpot:>17}"
+            lines.append(f"{name:<20}{size:>6}{f['tau']:>7.2f}{f['speedup']:>8.2f}x{tpot:>17}"
                          f"{'yes' if f['identical'] else 'NO':>11}")
     histogram = " ".join(f"{k}:{v}" for k, v in summary["acceptance_histogram"].items())
     lines.append(f"acceptance length histogram (block {summary['block_size']}, all families): {histogram}")

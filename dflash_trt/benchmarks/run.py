@@ -33,10 +33,14 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
     write_summary(build_summary(engine_name, sweep, None, machine, settings), out)
     gc.collect()  # the served instances load their own copies of the models
     serving = None
-    if config.serving:
+    # The served models take text: multi-turn prompts (chat message lists) are measured in process only.
+    texts = [r.prompt for r in records if isinstance(r.prompt, str)]
+    if config.serving and not texts:
+        log("serving: skipped (every selected prompt is multi-turn)")
+    elif config.serving:
         from .serving import run_serving
 
-        serving = run_serving(config, [r.prompt for r in records], log)
+        serving = run_serving(config, texts, log)
     machine["load_average_end"] = list(os.getloadavg())
     summary = build_summary(engine_name, sweep, serving, machine, settings)
     log(f"summary: {write_summary(summary, out)}")

@@ -67,8 +67,12 @@ def load_pair(args):
 
 
 def default_stop_ids(target) -> list[int]:
-    """EOS ids of the target's generation config (or tokenizer), the usual stop tokens."""
+    """EOS ids of the target's generation config, else its model config, else its (shipped) tokenizer.
+
+    A model without any of them has no default stop id, as in transformers' `generate`."""
     eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(getattr(target.model, "config", None), "eos_token_id", None)
     if eos is None and target.tokenizer is not None:
         eos = target.tokenizer.eos_token_id
     if eos is None:
@@ -82,15 +86,24 @@ def sampling_params(args, target) -> SamplingParams:
                           top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(stop_ids))
 
 
-def encode_prompt(target, text: str, chat: bool) -> list[int]:
+def encode_prompt(target, text, chat: bool) -> list[int]:
+    """Token ids of a prompt: text, or (with chat) a list of chat messages ending on a user turn."""
+    from ..data.prompts import prompt_messages
+
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise DFlashError(f"{target.source} has no tokenizer: pass token ids instead of text")
     if chat:
         if not tokenizer.chat_template:
             raise DFlashError(f"{target.source}: the tokenizer has no chat template (drop --chat)")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        try:
+            messages = prompt_messages(text)
+        except ValueError as error:
+            raise DFlashError(str(error)) from None
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if not isinstance(text, str):
+        raise DFlashError("a multi-turn prompt (a list of chat messages) needs --chat")
     return tokenizer.encode(text)
 
 

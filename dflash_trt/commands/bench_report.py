@@ -52,9 +52,10 @@ def _names(text: str) -> tuple[str, ...]:
 def run(args) -> int:
     from ..benchmarks.report import format_table
     from ..benchmarks.run import run_bench
+    from ..engine.build import ensure_engine
 
     config = BenchConfig(
-        engine=args.engine, out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),
+        engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
         duration_s=args.duration, instances=args.instances, min_user_tokens_per_s=args.min_user_tokens_per_s,

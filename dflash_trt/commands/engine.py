@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, QUANTS, RUNTIMES
+from ..engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, MOE_BACKENDS, PROFILES, QUANTS, RUNTIMES
 from ..speculative_config import add_speculative_config_option, apply_to_args
 
 
@@ -19,6 +19,10 @@ def register(subparsers) -> None:
     parser.add_argument("--runtime", choices=RUNTIMES, help="runtime (default: the preset's)")
     parser.add_argument("--quant", choices=QUANTS, help="quantization (default: the preset's)")
     parser.add_argument("--out", type=Path, help="engine directory (default: engines/<preset>[-<setting>...])")
+    parser.add_argument("--moe-backend", choices=MOE_BACKENDS,
+                        help="trtllm MoE backend (default: the preset's; AUTO chooses per GPU, see engine/moe.py)")
+    parser.add_argument("--profile", choices=PROFILES,
+                        help="trtllm: NVIDIA's gpt-oss recipe settings for latency or throughput (default: the preset's)")
     add_checkpoint_arguments(parser)
     add_speculative_config_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and touch nothing")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     build_engine(BuildRequest(
         model=args.model, tp=args.tp, ep=args.ep, runtime=args.runtime, quant=args.quant, kv_dtype=args.kv_dtype,
         gpu=args.gpu, memory_fraction=args.memory_fraction, out=args.out, target=args.target, drafter=args.drafter,
-        checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run, block_size=spec.block_size if spec else None),
+        checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run, block_size=spec.block_size if spec else None,
+        moe_backend=args.moe_backend, profile=args.profile),
         log=lambda line: print(line, flush=True))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..gateway.model import GatewayConfig
@@ -30,6 +31,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     import uvicorn
 
     from ..errors import DFlashError
@@ -42,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
                            served_model_name=args.served_model_name, engine_dir=args.engine_dir,
                            chat_template=args.chat_template, ensemble=args.ensemble,
                            ready_timeout_s=args.ready_timeout_s)
+    # The gateway's own lines (client disconnects) go to stdout; uvicorn's stay at warning.
+    gateway_log = logging.getLogger("dflash_trt.gateway")
+    gateway_log.setLevel(logging.INFO)
+    gateway_log.addHandler(logging.StreamHandler(sys.stdout))
     client = wait_for_triton(config, log=lambda line: print(line, flush=True))
     model = load_served_model(config, client)
     client.close()

@@ -24,6 +24,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import DrafterConfig
     from ..engine.arch import read_target_arch
+    from ..engine.moe import resolve_moe
     from ..engine.planner import format_plan, plan_parallelism
     from ..engine.presets import load_preset
 
@@ -31,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
                                                     memory_fraction=args.memory_fraction)
     target = _config_source("target", preset.target, args.target, args.checkpoints_dir)
     drafter = _config_source("drafter", preset.drafter, args.drafter, args.checkpoints_dir)
-    plan = plan_parallelism(preset.name, read_target_arch(target.path), DrafterConfig.from_file(drafter.path /
+    arch = read_target_arch(target.path)
+    preset = resolve_moe(preset, arch)  # TRITON on Hopper splits experts by EP only: the plan uses its EP
+    plan = plan_parallelism(preset.name, arch, DrafterConfig.from_file(drafter.path /
                             "config.json"), preset.tp, preset.ep, preset.gpu, preset.kv_dtype, preset.memory_fraction,
                             preset.dtype, preset.quant, args.seq_len or preset.max_seq_len)
     print(format_plan(plan))
@@ -40,15 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _config_source(role, spec, override, checkpoints_dir):
     """The checkpoint whose config.json to read: local first, then the config shipped with the preset."""
-    from ..engine.presets import SHIPPED_CONFIGS
-    from ..engine.resolve import resolve_checkpoint
-    from ..errors import DFlashError
+    from ..engine.resolve import PUBLISHED_CONFIG, resolve_for_planning
 
-    try:
-        return resolve_checkpoint(role, spec, override, checkpoints_dir, require_weights=False)
-    except DFlashError:
-        if override is not None or not (SHIPPED_CONFIGS / spec.id / "config.json").is_file():
-            raise
-    print(f"note: {role} {spec.id} not found locally; planning from its published config.json "
-          f"(build/presets/configs/{spec.id})")
-    return resolve_checkpoint(role, spec, None, SHIPPED_CONFIGS, require_weights=False)
+    found, _missing = resolve_for_planning(role, spec, override, checkpoints_dir)
+    if found.found_in == PUBLISHED_CONFIG:
+        print(f"note: {role} {spec.id} not found locally; planning from its published config.json "
+              f"(build/presets/configs/{spec.id})")
+    return found

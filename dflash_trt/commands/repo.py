@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     parser.add_argument("--prefill-chunk-tokens", type=int, default=defaults.prefill_chunk_tokens,
                         help="prompt tokens prefilled per decoding step (default: "
                              f"{defaults.prefill_chunk_tokens})")
+    parser.add_argument("--canary-tokens", type=int, default=defaults.canary_tokens,
+                        help=f"tokens of the load-time canary generation whose acceptance is logged and exported "
+                             f"(default {defaults.canary_tokens}; 0: off)")
     parser.set_defaults(func=run)
 
 
@@ -60,6 +63,7 @@ def run(args) -> int:
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
         block_size=args.block_size, block_policy=args.block_policy, max_batch_sequences=args.max_batch_sequences,
         max_kv_tokens=args.max_kv_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
+        canary_tokens=args.canary_tokens,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..serving.launcher import LAUNCHERS
 from ..serving.server import ServerConfig
 
 
@@ -25,15 +26,20 @@ def register(subparsers) -> None:
     parser.add_argument("--log-verbose", type=int, default=defaults.log_verbose, help="Triton's --log-verbose level")
     parser.add_argument("--openai-port", type=int,
                         help="also run the OpenAI-compatible gateway (`dflash-trt openai`) on this port")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                        help="start tritonserver plainly or under mpirun as NVIDIA does for TensorRT-LLM "
+                             "(default auto: mpirun for trtllm engines)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..gateway.companion import gateway_beside
+    from ..serving.launcher import launcher_for_repository
     from ..serving.server import serve_forever
 
     config = ServerConfig(model_repository=args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, address=args.address, ready_timeout_s=args.ready_timeout,
-                          log_verbose=args.log_verbose, log_path=args.log_file, echo=not args.quiet)
+                          log_verbose=args.log_verbose, log_path=args.log_file, echo=not args.quiet,
+                          launcher=tuple(launcher_for_repository(args.launcher, args.repo)))
     with gateway_beside(args.openai_port, args.grpc_port, args.address, args.ready_timeout):
         return serve_forever(config)

@@ -9,7 +9,7 @@ STAGES = ("prompts", "answers", "features", "train", "export")
 
 def register(subparsers) -> None:
     from ..training.pipeline import PRESETS
-    from ..training.trainer import PRECISIONS
+    from ..training.trainer import ARCHS, PRECISIONS
 
     parser = subparsers.add_parser(
         "train-drafter", help="train a DFlash drafter (prompts -> target answers -> features -> training)",
@@ -21,14 +21,19 @@ def register(subparsers) -> None:
     parser.add_argument("--prompts", default="data/prompts", help="prompt sets root (<family>/{train,heldout}.jsonl)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--max-prompts", type=int, help="training prompts to answer (default: the preset's)")
-    parser.add_argument("--answers-from", metavar="DIR",
-                        help="import the target's answers from this directory before generating the rest "
+    parser.add_argument("--answers-from", metavar="DIR[,DIR...]",
+                        help="import the target's answers from these directories before generating the rest "
                              "(default: the preset's committed answers, unless --target is given; '' for none)")
+    parser.add_argument("--import-only", action="store_true",
+                        help="the answers stage imports answers and generates none: train on what exists")
     parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default: the preset's)")
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--max-minutes", type=float, default=55.0, help="training time budget (cosine schedule ends there)")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--arch", default="dflash", choices=ARCHS,
+                        help="drafter family: dflash, or dflash2 (grouped convolutions + candidate selector, "
+                             "starting from DFlash behaviour)")
     parser.add_argument("--init-from", metavar="DIR",
                         help="warm start from this published drafter (fresh optimiser and schedule)")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
@@ -52,7 +57,7 @@ def run(args) -> int:
     train = TrainConfig(data=f"{args.work}/data", out=f"{args.work}/train", prompts=args.prompts,
                         target=args.target or preset["target"], max_steps=args.max_steps,
                         max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
-                        threads=args.threads, init_from=args.init_from, precision=args.precision,
+                        arch=args.arch, threads=args.threads, init_from=args.init_from, precision=args.precision,
                         eval_every=args.eval_every)
     if args.lr is not None:
         train.lr = args.lr
@@ -60,6 +65,7 @@ def run(args) -> int:
     if answers_from is None and not args.target:
         answers_from = preset.get("answers")
     cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages, answers_from=answers_from or None,
+                         generate_answers=not args.import_only,
                          max_prompts=args.max_prompts or preset["max_prompts"],
                          max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])
     summary = run_pipeline(cfg)

@@ -74,8 +74,22 @@ def write_prompt_sets(root: str | Path, cfg: PromptSetConfig | None = None) -> d
     return counts
 
 
-def load_prompts(root: str | Path, split: str, families: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
-    """Read (family, prompt) pairs of one split. Accepts JSON lines with `prompt` or plain text lines."""
+def prompt_messages(prompt) -> list[dict]:
+    """Chat messages of a prompt: a string is one user turn; a list is a conversation ending on a user turn."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                        and m.get("role") in ("system", "user", "assistant")
+                                                        for m in prompt) and prompt[-1]["role"] == "user"):
+        raise ValueError("a prompt is a string or a list of {role, content} messages ending on a user turn")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def load_prompts(root: str | Path, split: str, families: tuple[str, ...] | None = None) -> list[tuple[str, object]]:
+    """Read (family, prompt) pairs of one split. Accepts JSON lines with `prompt` or plain text lines.
+
+    A prompt is a string, or for multi-turn families a list of chat messages (see prompt_messages).
+    """
     root = Path(root)
     out = []
     for family in families or sorted(p.name for p in root.iterdir() if p.is_dir()):

@@ -9,7 +9,8 @@
     check-runtime  fail unless the installed TensorRT-LLM is recent enough for DFlash (GPU image build)
 
 Any other first word runs as a command (`docker run IMAGE bash`). Defaults come from the
-environment (DFLASH_HOME, DFLASH_DATA, DFLASH_MODEL, DFLASH_TP) so that an image can preset them.
+environment (DFLASH_HOME, DFLASH_DATA, DFLASH_MODEL, DFLASH_TP, DFLASH_LAUNCHER) so that an image can
+preset them. `serve` starts tritonserver under `mpirun -n 1` for TensorRT-LLM engines (serving/launcher.py).
 The container's PID 1 is this process: it forwards SIGTERM/SIGINT to the whole process group of
 the step it runs, so Kubernetes' stop signal reaches tritonserver through make.
 """
@@ -30,10 +31,11 @@ from typing import Callable, Sequence
 
 from dflash_trt.deploy import plan
 from dflash_trt.deploy.plan import DeployError, Ports
+from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION
+from dflash_trt.serving.launcher import LAUNCHERS
 
 COMMANDS = ("serve", "prepare", "engine", "repo", "demo", "health", "check-runtime")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-MIN_TRTLLM_VERSION = "1.3"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="never build: the repository must already exist (prepared volume)")
     serve.add_argument("--address", default=plan.CONTAINER_ADDRESS, help="address Triton binds to")
     serve.add_argument("--ready-timeout", type=int, default=None, help="seconds `make serve` waits for readiness")
+    serve.add_argument("--launcher", choices=LAUNCHERS, default=os.environ.get("DFLASH_LAUNCHER") or None,
+                       help="how tritonserver starts (env DFLASH_LAUNCHER; default: auto, mpirun -n 1 for "
+                            "TensorRT-LLM engines as NVIDIA does)")
 
     for name, text in (("prepare", "build the engine and render the repository if missing"),
                        ("engine", "build the engine only")):
@@ -116,7 +121,7 @@ def steps_for(args: argparse.Namespace) -> list[list[str]]:
     target = _target(args)
     if args.command == "serve":
         ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.openai_port)
-        return plan.serve_steps(project, target, ports, args.build, args.address, args.ready_timeout)
+        return plan.serve_steps(project, target, ports, args.build, args.address, args.ready_timeout, args.launcher)
     if args.command == "prepare":
         return plan.prepare_steps(project, target, force=args.force)
     if args.command == "engine":
@@ -184,8 +189,9 @@ def installed_trtllm_version() -> str:
 def check_runtime(minimum: str, version_of: Callable[[], str] = installed_trtllm_version) -> str:
     """One line naming the installed TensorRT-LLM; DeployError when it is older than `minimum`."""
     version = version_of()
-    if plan.release_tuple(version) < plan.release_tuple(minimum):
-        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash needs >= {minimum} (choose a newer base image)")
+    if plan.version_key(version) < plan.version_key(minimum):
+        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash (DFlashDecodingConfig) needs >= {minimum} "
+                          "(choose a newer base image)")
     return f"TensorRT-LLM {version} (>= {minimum})"
 
 

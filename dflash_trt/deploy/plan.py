@@ -112,9 +112,14 @@ def repo_command(project_dir: Path, target: Target) -> list[str]:
 
 
 def serve_command(
-    project_dir: Path, repo_dir: Path, ports: Ports, address: str = CONTAINER_ADDRESS, ready_timeout_s: int | None = None
+    project_dir: Path, repo_dir: Path, ports: Ports, address: str = CONTAINER_ADDRESS, ready_timeout_s: int | None = None,
+    launcher: str | None = None,
 ) -> list[str]:
-    """`make serve` on all interfaces; READY_TIMEOUT lets a 120B engine load longer than the launcher's default."""
+    """`make serve` on all interfaces; READY_TIMEOUT lets a 120B engine load longer than the launcher's default.
+
+    LAUNCHER picks how tritonserver starts (serving/launcher.py; None keeps the Makefile's auto: mpirun for
+    TensorRT-LLM engines, as NVIDIA's Triton launcher does).
+    """
     validate_ports(ports)
     return make_command(
         project_dir,
@@ -126,6 +131,7 @@ def serve_command(
         OPENAI_PORT=ports.openai,
         ADDRESS=address,
         READY_TIMEOUT=ready_timeout_s,
+        LAUNCHER=launcher,
     )
 
 
@@ -158,6 +164,7 @@ def serve_steps(
     build: bool = True,
     address: str = CONTAINER_ADDRESS,
     ready_timeout_s: int | None = None,
+    launcher: str | None = None,
 ) -> list[list[str]]:
     """Prepare what is missing (when `build`), then serve; without `build` the repository must exist."""
     if build:
@@ -169,12 +176,23 @@ def serve_steps(
             f"no model repository at {target.repo_dir} (no <model>/config.pbtxt inside); "
             "mount a prepared volume or run `prepare` first"
         )
-    return steps + [serve_command(project_dir, target.repo_dir, ports, address, ready_timeout_s)]
+    return steps + [serve_command(project_dir, target.repo_dir, ports, address, ready_timeout_s, launcher)]
 
 
 def release_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a version string; pre-releases count as their release ("1.3.0rc11" -> (1, 3))."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    return version_key(version)[:2]
+
+
+_VERSION = re.compile(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(rc|a|b|dev)(\d*))?")
+_PRE_RANK = {"dev": 0, "a": 1, "b": 2, "rc": 3}
+
+
+def version_key(version: str) -> tuple[int, int, int, int, int]:
+    """A sortable key of a release or pre-release: 1.3.0rc12 < 1.3.0rc13 < 1.3.0 < 1.3.1."""
+    match = _VERSION.match(version)
     if match is None:
         raise DeployError(f"cannot read a version from {version!r}")
-    return int(match.group(1)), int(match.group(2))
+    major, minor, patch, pre, number = match.groups()
+    rank = _PRE_RANK[pre] if pre else len(_PRE_RANK)  # a final release sorts after its pre-releases
+    return int(major), int(minor), int(patch or 0), rank, int(number or 0)

@@ -12,17 +12,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import DrafterConfig
+from ..drafters.support import check_runtime
 from ..errors import ConfigError
 from . import steps
 from .arch import TargetArch, read_target_arch
 from .artifacts import drafter_onnx, trtllm
 from .compat import check_compatible
-from .manifest import MANIFEST_NAME, write_manifest
+from .manifest import MANIFEST_NAME, EngineError, write_manifest
+from .moe import resolve_moe
 from .needs import StepUnavailable
 from .planner import Plan, format_plan, plan_parallelism
-from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset
+from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
 from .quantize import QUANT_STATE_NAME, check_quant, quant_scheme
-from .resolve import ResolvedCheckpoint, resolve_checkpoint
+from .resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
 
 NUM_STEPS = 6
 SINGLE_DEVICE_RUNTIMES = ("torch", "onnx", "tensorrt")
@@ -46,6 +48,8 @@ class BuildRequest:
     checkpoints_dir: Path | None = None
     dry_run: bool = False
     block_size: int | None = None  # --speculative-config's num_speculative_tokens + 1
+    moe_backend: str | None = None
+    profile: str | None = None
 
 
 @dataclass
@@ -56,6 +60,7 @@ class BuildResult:
     warnings: list[str] = field(default_factory=list)
     manifest: dict[str, Any] | None = None  # None for a dry run
     pending: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # dry run: the checkpoints still to download
 
 
 @dataclass
@@ -73,7 +78,8 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
     progress = steps.Progress(NUM_STEPS, log)
 
     progress.step("resolve checkpoints")
-    pair = _resolve(preset, request, log)
+    pair, missing = _resolve(preset, request, log)
+    preset = resolve_moe(preset, pair.arch, log)  # the MoE backend and EP for the GPU (engine/moe.py)
     progress.step("validate the pair")
     warnings = _validate(preset, pair, log)
     progress.step("plan parallelism")
@@ -82,8 +88,8 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
     for line in format_plan(plan).splitlines():
         log("  " + line)
     if request.dry_run:
-        _describe_rest(preset, engine_dir, progress)
-        return BuildResult(engine_dir, preset, plan, warnings)
+        _describe_rest(preset, engine_dir, progress, missing)
+        return BuildResult(engine_dir, preset, plan, warnings, missing=missing)
 
     engine_dir.mkdir(parents=True, exist_ok=True)
     (engine_dir / MANIFEST_NAME).unlink(missing_ok=True)  # the engine is unusable until the build completes
@@ -97,6 +103,21 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
         raise error
     log(f"engine ready: {engine_dir}")
     return BuildResult(engine_dir, preset, plan, warnings, manifest, pending.items)
+
+
+def ensure_engine(engine_dir: str | Path, log: Callable[[str], None] = print) -> Path:
+    """An engine to run: engine_dir when it is built. The default engine (engines/<default preset>) is
+    built on first use, as `make demo` does; any other missing engine is one error naming the command."""
+    engine_dir = Path(engine_dir)
+    if (engine_dir / MANIFEST_NAME).is_file():
+        return engine_dir
+    default = BuildRequest()
+    if engine_dir.resolve() == default_engine_dir(_preset(default), default).resolve():
+        log(f"{engine_dir} is not built yet: building the default engine first (as `make demo` does)")
+        return build_engine(default, log=log).engine_dir
+    model = engine_dir.name if engine_dir.name in preset_names() else "<preset>"
+    raise EngineError(f"{engine_dir}: no {MANIFEST_NAME}, not a built engine; build it with "
+                      f"`dflash-trt engine --model {model} --out {engine_dir}`")
 
 
 def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
@@ -117,20 +138,30 @@ def default_engine_dir(preset: Preset, request: BuildRequest) -> Path:
 def _preset(request: BuildRequest) -> Preset:
     preset = load_preset(request.model).with_overrides(
         tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
-        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size)
+        gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size,
+        moe_backend=request.moe_backend, profile=request.profile)
     if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
         raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
                           "--runtime trtllm")
     return preset
 
 
-def _resolve(preset: Preset, request: BuildRequest, log: Callable[[str], None]) -> _Pair:
-    need_weights = not request.dry_run
-    target = resolve_checkpoint("target", preset.target, request.target, request.checkpoints_dir, need_weights)
-    drafter = resolve_checkpoint("drafter", preset.drafter, request.drafter, request.checkpoints_dir, need_weights)
-    for found in (target, drafter):
-        log(f"  {found.role}: {found.id} -> {found.path} ({found.found_in})")
-    return _Pair(target, drafter, read_target_arch(target.path), DrafterConfig.from_file(drafter.path / "config.json"))
+def _resolve(preset: Preset, request: BuildRequest, log: Callable[[str], None]) -> tuple[_Pair, list[str]]:
+    """The pair, and (dry runs only) what a build would still have to download.
+
+    A dry run reads configs only: a checkpoint that is not here is planned from its published config."""
+    found, missing = {}, []
+    for role, spec, override in (("target", preset.target, request.target),
+                                 ("drafter", preset.drafter, request.drafter)):
+        if request.dry_run:
+            found[role], lacking = resolve_for_planning(role, spec, override, request.checkpoints_dir)
+            missing += [lacking] if lacking else []
+        else:
+            found[role] = resolve_checkpoint(role, spec, override, request.checkpoints_dir)
+        log(f"  {role}: {spec.id} -> {found[role].path} ({found[role].found_in})")
+    target, drafter = found["target"], found["drafter"]
+    pair = _Pair(target, drafter, read_target_arch(target.path), DrafterConfig.from_file(drafter.path / "config.json"))
+    return pair, missing
 
 
 def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[str]:
@@ -138,23 +169,31 @@ def _validate(preset: Preset, pair: _Pair, log: Callable[[str], None]) -> list[s
     warnings = check_compatible(pair.arch, pair.drafter_config, preset.block_size,
                                 f"{preset.drafter.id} with {preset.target.id}", preset.max_seq_len)
     d = pair.drafter_config
+    check_runtime(preset.runtime, d)
     if preset.runtime in ("onnx", "tensorrt") and preset.block_size != d.block_size:
         raise ConfigError(f"runtime {preset.runtime} exports the drafter with its trained block of {d.block_size}; "
                           f"block_size {preset.block_size} needs --runtime torch or trtllm")
-    log(f"  compatible: vocabulary {d.vocab_size}, hidden {d.hidden_size}, {d.num_target_layers} target layers, "
-        f"layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, block {preset.block_size}")
+    log(f"  compatible: {d.architecture}, vocabulary {d.vocab_size}, hidden {d.hidden_size}, "
+        f"{d.num_target_layers} target layers, layer ids {list(d.target_layer_ids)}, mask token {d.mask_token_id}, "
+        f"block {preset.block_size}")
     for warning in warnings:
         log(f"  warning: {warning}")
     return warnings
 
 
-def _describe_rest(preset: Preset, engine_dir: Path, progress: steps.Progress) -> None:
+def _describe_rest(preset: Preset, engine_dir: Path, progress: steps.Progress, missing: list[str]) -> None:
     progress.step(f"prepare the target, quantize ({preset.quant})")
     progress.step(f"write {preset.runtime} artifacts")
     for name in _planned_outputs(preset):
         progress.log(f"  would write {engine_dir / name}")
     progress.step("write manifest.json")
     progress.log(f"  would write {engine_dir / MANIFEST_NAME}")
+    if missing:
+        progress.log(f"missing before a build ({len(missing)}):")
+        for line in missing:
+            progress.log(f"  {line}")
+    else:
+        progress.log("every checkpoint is here")
     progress.log("dry run: nothing was written")
 
 
@@ -200,6 +239,8 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "kv_dtype": preset.kv_dtype,
         "block_size": preset.block_size,
         "max_draft_len": preset.max_draft_len,
+        "drafter_family": d.family,
+        "drafter_architecture": d.architecture,
         "target_layer_ids": list(d.target_layer_ids),
         "mask_token_id": d.mask_token_id,
         "num_target_layers": d.num_target_layers,

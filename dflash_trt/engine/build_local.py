@@ -49,8 +49,9 @@ def _drafter_graphs(preset: Preset, config, engine_dir: Path, drafter_dir: Path,
     onnx, plan = engine_dir / drafter_onnx.ONNX_NAME, engine_dir / drafter_onnx.PLAN_NAME
     out: dict[str, str] = {}
     try:
-        run_step("drafter-onnx", engine_dir, {**drafter_fp, "dtype": preset.dtype}, [onnx],
-                 lambda: drafter_onnx.export_onnx(drafter_dir, onnx, preset.dtype), log)
+        export_dtype = drafter_onnx.export_dtype(preset.dtype, preset.runtime)
+        run_step("drafter-onnx", engine_dir, {**drafter_fp, "dtype": export_dtype}, [onnx],
+                 lambda: drafter_onnx.export_onnx(drafter_dir, onnx, preset.dtype, preset.runtime), log)
         out["drafter_onnx"] = drafter_onnx.ONNX_NAME
     except StepUnavailable as exc:
         unavailable(pending, exc, True, log)

@@ -44,10 +44,10 @@ def build_trtllm(preset: Preset, pair, engine_dir: Path, progress: steps.Progres
         os.symlink(path, link, target_is_directory=True)
         log(f"  linking {link} -> {path}")
 
-    options = trtllm.trtllm_options(preset, pair.arch, pair.drafter_config, pair.drafter.path)
-    path = engine_dir / trtllm.OPTIONS_NAME
     target = (engine_dir / "target").resolve()
-    trtllm.write_options(options, path, str(target))
+    options = trtllm.trtllm_options(preset, pair.arch, pair.drafter_config, pair.drafter.path, target)
+    path = engine_dir / trtllm.OPTIONS_NAME
+    trtllm.write_options(options, path, str(target), preset.profile)
     log(f"  wrote {path} (TensorRT-LLM {trtllm.TRTLLM_VERSION} fields)")
     if pending.has("quantize"):
         pending.skipped("trtllm-check", "quantize", blocking=False)

@@ -18,7 +18,7 @@ class Engine:
     manifest: dict[str, Any]
     drafter_config: DrafterConfig
     target: Any = None  # dflash_trt.target.TargetModel (torch, onnx, tensorrt)
-    drafter: Any = None  # DFlashDrafter (torch) or plugin.onnx_runtime.OnnxDrafter (onnx): same decoding API
+    drafter: Any = None  # DFlashDrafter (torch), OnnxDrafter (onnx) or TensorRTDrafter (tensorrt, on CUDA): one API
     drafter_onnx: Path | None = None  # onnx, tensorrt
     tensorrt_plan: Path | None = None  # tensorrt
     llm_options: dict[str, Any] | None = None  # trtllm: LLM(**llm_options), "model" included
@@ -88,6 +88,10 @@ def _load_models(engine: Engine, device: str) -> None:
         from ..plugin.onnx_runtime import OnnxDrafter
 
         engine.drafter = OnnxDrafter(engine.drafter_onnx, engine.drafter_config)
+    elif engine.runtime == "tensorrt" and engine.tensorrt_plan is not None and str(device).startswith("cuda"):
+        from ..plugin.tensorrt_runtime import TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
+
+        engine.drafter = TensorRTDrafter(engine.tensorrt_plan, engine.drafter_config, device=device)
 
 
 def _llm_options(engine: Engine) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class GpuSpec:
 
 # Total memory as the driver reports it (nvidia-smi), which is a little below the marketing figure.
 GPUS = {
+    "h100": GpuSpec("H100", 81_559 * MIB, "nvidia-smi total of an H100 SXM (80 GB class)"),
     "h200": GpuSpec("H200", 143_771 * MIB, "nvidia-smi total of an H200 SXM (141 GB class)"),
     "b200": GpuSpec("B200", 183_359 * MIB, "nvidia-smi total of a B200 (192 GB class)"),
     "b300": GpuSpec("B300", 275 * 10**9, "approximate: instances report about 275 GB of the 288 GB"),

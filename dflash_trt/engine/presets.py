@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .recipes import PROFILES  # NVIDIA's gpt-oss-120b recipe settings; "none" adds nothing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = REPO_ROOT / "build" / "presets"
@@ -25,7 +26,7 @@ RUNTIMES = ("torch", "onnx", "tensorrt", "trtllm")
 QUANTS = ("none", "fp8", "nvfp4", "mxfp4")
 DTYPES = ("float32", "bfloat16", "float16")
 KV_DTYPES = ("bf16", "fp8")
-GPUS = ("h200", "b200", "b300")
+GPUS = ("h100", "h200", "b200", "b300")
 # TensorRT-LLM's MoeConfig.backend and DFlashDecodingConfig.attention_backend values (see
 # artifacts/trtllm_schema.py for the version they come from).
 MOE_BACKENDS = ("AUTO", "CUTLASS", "CUTEDSL", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN",
@@ -70,7 +71,8 @@ class Preset:
     memory_fraction: float = 0.9
     max_batch_size: int = 64
     max_seq_len: int = 8192
-    moe_backend: str = "AUTO"
+    moe_backend: str = "AUTO"  # AUTO: chosen per GPU architecture (engine/moe.py states the rule)
+    profile: str = "none"  # latency / throughput: NVIDIA's recipe settings (engine/recipes.py)
     draft_attention_backend: str = "VANILLA"
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     source: str = field(default="", compare=False)
@@ -162,6 +164,7 @@ def _validate(p: Preset, source: str) -> None:
     _choice(p.gpu, GPUS, "gpu", source)
     _choice(p.moe_backend, MOE_BACKENDS, "moe_backend", source)
     _choice(p.draft_attention_backend, DRAFT_ATTENTION_BACKENDS, "draft_attention_backend", source)
+    _choice(p.profile, PROFILES, "profile", source)
     for name in ("tp", "ep", "max_batch_size", "max_seq_len"):
         value = getattr(p, name)
         if not _is_int(value) or value < 1:

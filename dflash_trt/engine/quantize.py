@@ -82,10 +82,14 @@ def export_for_trtllm(quant: str, target_dir: Path, out_dir: Path, dtype: str, l
 
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from ..target import load_tokenizer
+
+    tokenizer = load_tokenizer(target_dir)
+    if tokenizer is None:
+        raise ConfigError(f"{target_dir}: calibration needs the target's tokenizer, and none was found")
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype), device_map="auto")
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
 
     def calibrate(m):
         with torch.inference_mode():

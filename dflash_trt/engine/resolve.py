@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DFlashError
-from .presets import REPO_ROOT, CheckpointSpec
+from .presets import REPO_ROOT, SHIPPED_CONFIGS, CheckpointSpec
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
@@ -59,6 +59,28 @@ def resolve_checkpoint(role: str, spec: CheckpointSpec, override: str | Path | N
         if gguf is not None:
             return ResolvedCheckpoint(role, spec.id, gguf, f"package {spec.gguf.package}")
     raise CheckpointMissing(_missing_message(role, spec, checkpoints_dir))
+
+
+def resolve_for_planning(role: str, spec: CheckpointSpec, override: str | Path | None = None,
+                         checkpoints_dir: str | Path | None = None) -> tuple[ResolvedCheckpoint, str | None]:
+    """A checkpoint whose config.json a plan can read, and what a build would still miss.
+
+    The local checkpoint when there is one (weights or not), else the published config shipped with
+    the presets (build/presets/configs). The second value is None when the weights are here, else the
+    one-line message saying what to download."""
+    try:
+        return resolve_checkpoint(role, spec, override, checkpoints_dir, require_weights=True), None
+    except CheckpointMissing as error:
+        missing = str(error)
+    try:
+        return resolve_checkpoint(role, spec, override, checkpoints_dir, require_weights=False), missing
+    except CheckpointMissing:
+        if override is not None or not (SHIPPED_CONFIGS / spec.id / "config.json").is_file():
+            raise
+    return ResolvedCheckpoint(role, spec.id, (SHIPPED_CONFIGS / spec.id).resolve(), PUBLISHED_CONFIG), missing
+
+
+PUBLISHED_CONFIG = "its published config.json, shipped in build/presets/configs"
 
 
 def hf_cache_dirs() -> list[Path]:

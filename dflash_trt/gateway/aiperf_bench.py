@@ -98,7 +98,8 @@ def heldout_dataset(prompts_dir: Path, path: Path) -> Path:
 
     by_family: dict[str, list[str]] = {}
     for family, prompt in load_prompts(prompts_dir, "heldout"):
-        by_family.setdefault(family, []).append(prompt)
+        if isinstance(prompt, str):  # single_turn: multi-turn prompts (chat message lists) are left out
+            by_family.setdefault(family, []).append(prompt)
     if not by_family:
         raise DFlashError(f"{prompts_dir}: no held-out prompts (<family>/heldout.jsonl)")
     rounds = zip(*by_family.values())
@@ -293,10 +294,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="dflash model instances per served repository (default: %(default)s)")
     parser.add_argument("--venv", type=Path, default=defaults.venv, help="AIPerf's own venv (default: .venv-aiperf)")
     args, extra = parser.parse_known_args(argv)
-    if not (args.engine / "manifest.json").is_file():
-        print(f"error: {args.engine} is not a built engine (run `make engine`)", file=sys.stderr)
+    from dflash_trt.engine.build import ensure_engine
+    from dflash_trt.errors import DFlashError
+
+    try:
+        engine = ensure_engine(args.engine, log=lambda line: print(line, flush=True))
+    except DFlashError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    config = AiperfConfig(engine=args.engine, out=args.out, concurrency=args.concurrency,
+    config = AiperfConfig(engine=engine, out=args.out, concurrency=args.concurrency,
                           request_count=args.request_count, input_tokens=args.input_tokens,
                           output_tokens=args.output_tokens, venv=args.venv, nice=args.nice,
                           compare_plain=args.compare_plain, dataset=args.dataset, prompts_dir=args.prompts_dir,

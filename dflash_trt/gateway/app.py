@@ -7,6 +7,7 @@ its Triton request cancelled: every wait on Triton races a watcher of the HTTP c
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -20,6 +21,9 @@ from dflash_trt.gateway.errors import APIError, model_not_found, server_error
 from dflash_trt.gateway.model import COMPLETION_DEFAULT_MAX_TOKENS, GatewayConfig, ServedModel
 from dflash_trt.gateway.protocol import ChatRequest, CompletionRequest, parse_chat, parse_completion, parse_json
 from dflash_trt.gateway.triton import Piece, TritonEnsemble
+
+log = logging.getLogger("dflash_trt.gateway")
+CANCELLED_LOG = "generation cancelled in Triton before its end (the client went away)"
 
 
 class ClientGone(Exception):
@@ -98,7 +102,7 @@ def create_app(config: GatewayConfig, model: ServedModel):
         watcher = asyncio.ensure_future(_disconnected(request))
         # A disconnect cancels Triton's request by itself, even if the response body is never iterated
         # (a client gone before the headers were sent).
-        watcher.add_done_callback(lambda done: done.cancelled() or generation.cancel())
+        watcher.add_done_callback(lambda done: done.cancelled() or _cancel(generation))
         try:
             first = await _next(generation, watcher)  # Triton's errors become HTTP errors before any byte is sent
         except BaseException:
@@ -168,10 +172,17 @@ async def _next(generation, watcher: asyncio.Future) -> Piece:
     raise ClientGone()
 
 
+def _cancel(generation) -> None:
+    """Stop a generation that has not ended (its client is gone); synchronous, see _stop."""
+    if not generation.is_done:
+        generation.cancel()
+        log.info(CANCELLED_LOG)
+
+
 def _stop(generation, watcher: asyncio.Future) -> None:
     """Synchronous cleanup: nothing may be awaited in a task that is being cancelled."""
     watcher.cancel()
-    generation.cancel()
+    _cancel(generation)
 
 
 def _consume(task: asyncio.Future) -> None:

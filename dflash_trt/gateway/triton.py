@@ -108,7 +108,7 @@ def _rpc_message(error) -> str:
 
 
 def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
-    """The ensemble's input tensors (TensorRT-LLM's names) for one generation."""
+    """The ensemble's input tensors (TensorRT-LLM's names and shapes) for one generation."""
     from tritonclient.grpc import InferInput
 
     arrays = {
@@ -128,6 +128,7 @@ def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in sampling.stop], dtype=np.object_)
     inputs = []
     for name, array in arrays.items():
+        array = array.reshape(1, -1)  # TensorRT-LLM's layout: a leading batch dimension of 1
         tensor = InferInput(name, list(array.shape), _triton_dtype(array))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -1,6 +1,6 @@
 """Export a DFlash drafter to ONNX with one DFlashAttention plugin node per layer.
 
-Graph (B, C, Cmax dynamic; S = block size):
+Graph (B, C, Cmax and S dynamic; S <= the trained block size):
   inputs  block_embeds [B,S,D], features [B,C,K*D], cache_lens [B] int32, ctx_lens [B] int32,
           cache_k_<i>, cache_v_<i> [B,Hkv,Cmax,Dh] for every layer i
   outputs hidden [B,S,D] (final-normed block states), cache_k_out_<i>, cache_v_out_<i>
@@ -82,12 +82,17 @@ def export_drafter(drafter, out_path: str | Path) -> Path:
     """Write the ONNX graph of a loaded drafter (in its parameters' dtype) to out_path; checks it with onnx."""
     import onnx
 
+    from ..drafters.support import check_runtime
+
     config = drafter.config
+    check_runtime("onnx", config)  # the graph is DFlash v1 around the plugin node
     dtype = next(drafter.parameters()).dtype
     batch, num_ctx, capacity = torch.export.Dim("batch"), torch.export.Dim("num_ctx"), torch.export.Dim("capacity")
+    # The block may be shorter than the trained one: the last block of a generation shrinks to what remains.
+    block = torch.export.Dim("block", min=2, max=max(config.block_size, 2))
     cache_shape = {0: batch, 2: capacity}
     # *caches is one varargs tuple for torch.export: its shapes nest the same way.
-    dynamic = ({0: batch}, {0: batch, 1: num_ctx}, {0: batch}, {0: batch},
+    dynamic = ({0: batch, 1: block}, {0: batch, 1: num_ctx}, {0: batch}, {0: batch},
                tuple([cache_shape] * (2 * config.num_hidden_layers)))
     names = ["block_embeds", "features", "cache_lens", "ctx_lens", *cache_names(config.num_hidden_layers)]
     with warnings.catch_warnings():  # the exporter warns about axis names it merges; the graph is unaffected

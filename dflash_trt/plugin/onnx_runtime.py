@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..config import DrafterConfig
 from ..errors import DFlashError
 from .export import cache_names
 from .onnx_node import ort_library
+from .ragged_blocks import propose_by_length
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -39,6 +41,18 @@ class OnnxDraftCache:
         self.k = [a[rows] for a in self.k]
         self.v = [a[rows] for a in self.v]
         self.lens = self.lens[indices.cpu()]
+
+    def part(self, indices: torch.Tensor) -> "OnnxDraftCache":
+        """A copy holding the sequences at `indices` only (write it back with `update`)."""
+        part = copy.copy(self)
+        part.select(indices)
+        return part
+
+    def update(self, indices: torch.Tensor, part: "OnnxDraftCache") -> None:
+        rows = indices.cpu().numpy()
+        for whole, new in zip(self.k + self.v, part.k + part.v):
+            whole[rows] = new
+        self.lens[indices.cpu()] = part.lens
 
 
 class OnnxDrafter:
@@ -88,8 +102,15 @@ class OnnxDrafter:
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: OnnxDraftCache) -> torch.Tensor:
-        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose."""
+                cache: OnnxDraftCache, block_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose.
+
+        The graph has no block mask, so rows whose (shortened last) block is shorter run as their own
+        batch on their own block length: each row drafts exactly what it would alone.
+        """
+        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
+
+    def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
         hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
         return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)
 
@@ -117,11 +138,14 @@ def _custom_op(onnx_path: str | Path, provider: str) -> tuple[str, str | bytes]:
 def load_onnx_drafter(drafter_dir: str | Path, dtype: torch.dtype = torch.float32,
                       onnx_path: str | Path | None = None) -> OnnxDrafter:
     """Export the drafter at drafter_dir (unless onnx_path names an existing export) and open it with onnxruntime."""
+    from ..config import CONFIG_NAME
     from ..drafter import load_drafter
+    from ..drafters.support import check_runtime
     from .export import export_drafter
 
     if dtype == torch.bfloat16:
         raise DFlashError("the onnx runtime runs fp32 or fp16 drafters (numpy has no bfloat16)")
+    check_runtime("onnx", DrafterConfig.from_file(Path(drafter_dir) / CONFIG_NAME))
     drafter = load_drafter(drafter_dir, dtype=dtype)
     if onnx_path is None or not Path(onnx_path).is_file():
         directory = Path(tempfile.mkdtemp(prefix="dflash-onnx-"))

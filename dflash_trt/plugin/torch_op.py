@@ -1,8 +1,11 @@
-"""`torch.ops.dflash.draft_attention`: the plugin as a functional torch custom op.
+"""The plugin as torch custom ops.
 
-Eager calls run the C++ CPU twin; the fake implementation gives shapes for torch.export, and
-`onnx_translation` turns each call into one DFlashAttention node of the custom ONNX domain.
-The op returns the updated caches instead of writing them in place, as the ONNX node does.
+`torch.ops.dflash.draft_attention` is functional: it returns the updated caches instead of writing them in place, as
+the ONNX node does; its fake implementation gives shapes for torch.export, and `onnx_translation` turns each call
+into one DFlashAttention node of the custom ONNX domain.
+`torch.ops.dflash.draft_attention_` updates cache_k/cache_v in place and returns out (what the drafter runs).
+Both run the C++ CPU twin on CPU tensors and the CUDA kernels on CUDA tensors (cuda_op.py builds them at first use);
+on CUDA they use the current stream and never synchronise with the host, so calls can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -36,6 +39,39 @@ def draft_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k:
 @draft_attention_op.register_fake
 def _(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields):
     return torch.empty_like(q), torch.empty_like(cache_k), torch.empty_like(cache_v)
+
+
+def _cuda_kernel():
+    from .cuda_op import load_cuda_op
+
+    return load_cuda_op()
+
+
+@torch.library.custom_op("dflash::draft_attention_", mutates_args=("cache_k", "cache_v"))
+def draft_attention_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_k: torch.Tensor,
+                            ctx_v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                            cache_lens: torch.Tensor, ctx_lens: torch.Tensor, fields: list[float]) -> torch.Tensor:
+    """The op with the caches updated in place (CPU: the C++ CPU twin)."""
+    from .library import cpu_draft_attention
+
+    return cpu_draft_attention(fields_from_list(fields), q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens)
+
+
+@draft_attention_inplace.register_kernel("cuda")
+def _(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields):
+    return _cuda_kernel()(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, list(fields))
+
+
+@draft_attention_inplace.register_fake
+def _(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields):
+    return torch.empty_like(q)
+
+
+@draft_attention_op.register_kernel("cuda")
+def _(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields):
+    new_k, new_v = cache_k.contiguous().clone(), cache_v.contiguous().clone()
+    out = _cuda_kernel()(q, k, v, ctx_k, ctx_v, new_k, new_v, cache_lens, ctx_lens, list(fields))
+    return out, new_k, new_v
 
 
 def _schema():

@@ -37,6 +37,7 @@ class Job:
     end: Callable[[], None]
     is_cancelled: Callable[[], bool]
     on_done: Callable[[], None]
+    num_steps: int = 0  # decoding steps that released output for this request
 
 
 class BatchLoop:
@@ -124,6 +125,7 @@ class BatchLoop:
             job = self._jobs.get(out.index)
             if job is None:
                 continue  # cancelled and answered already
+            job.num_steps += 1
             try:
                 chunk = job.stream.push(step_of(out))
                 if chunk is not None:

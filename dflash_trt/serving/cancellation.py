@@ -21,6 +21,9 @@ from pathlib import Path
 
 PRUNE_EVERY_S = 300.0
 STALE_AFTER_S = 600.0
+# Names a StepGate directory; set only by tests that count decoding steps (see StepGate).
+STEP_GATE_ENV = "DFLASH_TRT_STEP_GATE"
+GATE_POLL_S = 0.005
 
 
 class CancelBoard:
@@ -60,7 +63,6 @@ class CancelBoard:
             except FileNotFoundError:
                 pass
 
-
     def remove_if_empty(self) -> None:
         """At unload: the last model process of the server takes the empty board away."""
         try:
@@ -72,3 +74,42 @@ class CancelBoard:
 def _is_id(value: str) -> bool:
     # Only our own hex ids name files: a malformed tensor must not write elsewhere.
     return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
+class StepGate:
+    """Paces decoding steps by files, so that a test can count the steps a cancellation lets through.
+
+    Only active when the server's environment names a directory in DFLASH_TRT_STEP_GATE. While
+    `<directory>/hold` exists, every step after the first waits for a `permit-*` file and consumes
+    it (the first process to delete it wins). A cancellation seen while waiting ends the wait: the
+    step it would have allowed is not computed.
+    """
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    @classmethod
+    def from_env(cls) -> "StepGate | None":
+        directory = os.environ.get(STEP_GATE_ENV, "")
+        return cls(directory) if directory else None
+
+    def paced(self, is_cancelled):
+        """is_cancelled, checked between two steps, made to wait for a permit while the gate holds."""
+
+        def wait_then_check() -> bool:
+            while (self.directory / "hold").exists() and not is_cancelled():
+                if self._take_permit():
+                    break
+                time.sleep(GATE_POLL_S)
+            return is_cancelled()
+
+        return wait_then_check
+
+    def _take_permit(self) -> bool:
+        for permit in sorted(self.directory.glob("permit-*")):
+            try:
+                permit.unlink()
+                return True
+            except FileNotFoundError:  # another process took it
+                continue
+        return False

@@ -68,7 +68,9 @@ def generate_stream(http_url: str, text: str, max_tokens: int, timeout_s: float 
 
 
 def grpc_inputs(text, max_tokens: int, **params) -> list:
-    """tritonclient.grpc InferInput list for the ensemble (text may be bytes, e.g. to send bad UTF-8)."""
+    """tritonclient.grpc InferInput list for the ensemble (text may be bytes, e.g. to send bad UTF-8).
+
+    Every tensor has TensorRT-LLM's leading batch dimension of 1: text_input [1,1], stop_words [1,N]."""
     import tritonclient.grpc as grpcclient
 
     values = {"text_input": [text.encode() if isinstance(text, str) else text], "max_tokens": [max_tokens]}
@@ -79,7 +81,7 @@ def grpc_inputs(text, max_tokens: int, **params) -> list:
     inputs = []
     for name, value in values.items():
         dtype, triton_type = _GRPC_TYPES[name]
-        array = np.array(value, dtype=dtype)
+        array = np.array([value], dtype=dtype)
         tensor = grpcclient.InferInput(name, list(array.shape), triton_type)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -21,10 +21,10 @@ import numpy as np
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.batch_loop import BatchLoop, Job
-from dflash_trt.serving.cancellation import CancelBoard
+from dflash_trt.serving.cancellation import CancelBoard, StepGate
 from dflash_trt.serving.generation import Cancelled, Chunk, ChunkStream, Stats, chunks, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
-from dflash_trt.serving.runtime import sampling_params
+from dflash_trt.serving.runtime import sampling_params, vocabulary_size
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
 INPUTS = {
@@ -71,6 +71,7 @@ class DFlashService:
     def __init__(self, pb, runtime, limits: RequestLimits, metrics, logger=None, board: CancelBoard | None = None):
         self.pb, self.runtime, self.limits, self.metrics = pb, runtime, limits, metrics
         self.board = board or CancelBoard()
+        self.gate = StepGate.from_env()  # None unless a test paces the steps
         self.logger = logger
         self._loop = BatchLoop(runtime, logger) if hasattr(runtime, "new_scheduler") else None
         workers = getattr(runtime, "max_concurrent_requests", 1)
@@ -79,8 +80,7 @@ class DFlashService:
                       if workers > 1 and self._loop is None else None)
         self._in_flight = 0
         self._idle = threading.Condition()
-        vocab = getattr(getattr(runtime, "tokenizer", None), "__len__", None)
-        self.vocab_size = vocab() if vocab else None
+        self.vocab_size = vocabulary_size(runtime)
 
     def execute(self, requests) -> None:
         if self._loop is not None:
@@ -114,17 +114,24 @@ class DFlashService:
             done()
             return
         stats = Stats(self.runtime.block_size)
-        on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
-        self._loop.submit(Job(
+        clock = self.metrics.clock()  # time to first token and between releases (metrics.py)
+        on_step = lambda step, n: self.metrics.step(  # noqa: E731
+            step.acceptance_length, _drafts(step, stats), n, clock)
+        # Direct requests see their own cancellation; ensemble requests only through the board.
+        is_cancelled = lambda: sender.is_cancelled() or self.board.is_marked(generation_id)  # noqa: E731
+        job = Job(
             request_id=generation_id, prompt_ids=prompt_ids, params=params,
             stream=ChunkStream(gen, prompt_ids, self.runtime.tokenizer, stats, end_ids, on_step), stats=stats,
             send=lambda chunk: sender.send(response(pb, chunk_outputs(chunk, generation_id)),
                                            flags=_final(pb) if chunk.is_final else 0),
             fail=lambda message: sender.send(error_response(pb, message), flags=_final(pb)),
             end=lambda: self._send_final(sender),
-            # Direct requests see their own cancellation; ensemble requests only through the board.
-            is_cancelled=lambda: sender.is_cancelled() or self.board.is_marked(generation_id),
-            on_done=done))
+            is_cancelled=is_cancelled,
+            on_done=done)
+        if self.gate is not None:  # a test paces the steps: every step after the request's first waits for a permit
+            paced = self.gate.paced(is_cancelled)
+            job.is_cancelled = lambda: paced() if job.num_steps else is_cancelled()
+        self._loop.submit(job)
 
     def handle(self, request) -> None:
         pb = self.pb
@@ -132,6 +139,8 @@ class DFlashService:
         generation_id = self.board.new_id()
         # Direct requests see their own cancellation; ensemble requests only through the board.
         is_cancelled = lambda: sender.is_cancelled() or self.board.is_marked(generation_id)  # noqa: E731
+        if self.gate is not None:
+            is_cancelled = self.gate.paced(is_cancelled)
         self._enter()
         final_sent, steps = False, None
         try:
@@ -139,7 +148,9 @@ class DFlashService:
             end_ids = request_end_ids(gen, self.runtime.default_end_ids)
             stats = Stats(self.runtime.block_size)
             steps = self.runtime.steps(prompt_ids, gen, end_ids)
-            on_step = lambda step, n: self.metrics.step(step.acceptance_length, _drafts(step, stats), n)  # noqa: E731
+            clock = self.metrics.clock()  # time to first token and between releases (metrics.py)
+            on_step = lambda step, n: self.metrics.step(  # noqa: E731
+                step.acceptance_length, _drafts(step, stats), n, clock)
             for chunk in chunks(gen, prompt_ids, until_cancelled(steps, is_cancelled), self.runtime.tokenizer,
                                 stats, end_ids, on_step):
                 outputs = chunk_outputs(chunk, generation_id)

@@ -8,6 +8,7 @@ when the Python object goes away.
 from __future__ import annotations
 
 import threading
+import time
 
 # Acceptance length is 1 .. block_size; buckets cover block sizes up to 16.
 ACCEPTANCE_BUCKETS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
@@ -17,6 +18,23 @@ COUNTERS = {
     "dflash_accepted_draft_tokens_total": "Draft tokens accepted by the target",
     "dflash_spec_steps_total": "Verify steps (one target forward each)",
     "dflash_generated_tokens_total": "Tokens sent to clients",
+}
+# Seconds from a request's arrival at the dflash model to its first token, and between two token releases
+# of one request (a release carries the 1 + accepted tokens of a verify step, or several steps' worth).
+LATENCY_HISTOGRAMS = {
+    "dflash_time_to_first_token_seconds": ("Seconds from request start to its first token",
+                                           [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]),
+    "dflash_inter_token_latency_seconds": ("Seconds between two token releases of one request",
+                                           [0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5]),
+}
+# Triton's own per-model metrics (nv_inference_*) that the chart's PrometheusRule and dashboard read; the
+# serving tests check that the real tritonserver exports each of them.
+TRITON_METRICS = ("nv_inference_request_success", "nv_inference_request_failure",
+                  "nv_inference_pending_request_count", "nv_inference_queue_duration_us")
+# Set once per model instance by the canary generation at load (canary.py).
+CANARY_GAUGES = {
+    "dflash_canary_acceptance_rate": "Accepted share of draft tokens in the load-time canary generation",
+    "dflash_canary_acceptance_length": "Mean tokens per verify step (tau) in the load-time canary generation",
 }
 
 
@@ -32,6 +50,10 @@ class DFlashMetrics:
         self.families["dflash_requests_in_flight"] = kinds(
             name="dflash_requests_in_flight", description="Generation requests being served", kind=kinds.GAUGE
         )
+        for name, text in CANARY_GAUGES.items():
+            self.families[name] = kinds(name=name, description=text, kind=kinds.GAUGE)
+        for name, (text, _buckets) in LATENCY_HISTOGRAMS.items():
+            self.families[name] = kinds(name=name, description=text, kind=kinds.HISTOGRAM)
         self.families["dflash_acceptance_length"] = kinds(
             name="dflash_acceptance_length",
             description="Tokens committed per verify step (accepted drafts + 1)",
@@ -40,6 +62,10 @@ class DFlashMetrics:
         self.counters = {name: self.families[name].Metric(labels=labels) for name in COUNTERS}
         self.in_flight = self.families["dflash_requests_in_flight"].Metric(labels=labels)
         self.acceptance = self.families["dflash_acceptance_length"].Metric(labels=labels, buckets=ACCEPTANCE_BUCKETS)
+        self._labels = labels
+        self.canary_gauges = {}  # created by canary(): a model without a canary exports no canary value
+        self.latency = {name: self.families[name].Metric(labels=labels, buckets=buckets)
+                        for name, (_text, buckets) in LATENCY_HISTOGRAMS.items()}
         self._lock = threading.Lock()  # requests may run on several threads of one instance
 
     def request_started(self) -> None:
@@ -50,8 +76,17 @@ class DFlashMetrics:
         with self._lock:
             self.in_flight.increment(-1)
 
-    def step(self, acceptance_length: int | None, num_draft_tokens: int, num_sent_tokens: int) -> None:
+    def clock(self) -> "RequestClock":
+        """A request's clock for the latency histograms; pass it to every step() of that request."""
+        return RequestClock()
+
+    def step(self, acceptance_length: int | None, num_draft_tokens: int, num_sent_tokens: int,
+             clock: "RequestClock | None" = None) -> None:
         """One decoding step; acceptance_length None for the prefill token (no verify step)."""
+        if clock is not None and num_sent_tokens:
+            name, seconds = clock.release()
+            with self._lock:
+                self.latency[name].observe(seconds)
         with self._lock:
             if acceptance_length is not None:
                 self.acceptance.observe(acceptance_length)
@@ -60,6 +95,31 @@ class DFlashMetrics:
                 self.counters["dflash_accepted_draft_tokens_total"].increment(acceptance_length - 1)
             if num_sent_tokens:
                 self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
+
+    def canary(self, acceptance_rate: float, tau: float) -> None:
+        """What the load-time canary generation measured (canary.py)."""
+        with self._lock:
+            if not self.canary_gauges:
+                self.canary_gauges = {name: self.families[name].Metric(labels=self._labels) for name in CANARY_GAUGES}
+            self.canary_gauges["dflash_canary_acceptance_rate"].set(acceptance_rate)
+            self.canary_gauges["dflash_canary_acceptance_length"].set(tau)
+
+
+class RequestClock:
+    """When a request started and when it last released tokens (monotonic clock)."""
+
+    def __init__(self, now=time.monotonic):
+        self._now = now
+        self._last = now()
+        self._has_released = False
+
+    def release(self) -> tuple[str, float]:
+        """(histogram name, seconds) for a token release now: time to first token, then inter-token."""
+        now = self._now()
+        seconds, self._last = now - self._last, now
+        name = "dflash_inter_token_latency_seconds" if self._has_released else "dflash_time_to_first_token_seconds"
+        self._has_released = True
+        return name, seconds
 
 
 class NoMetrics:
@@ -71,5 +131,11 @@ class NoMetrics:
     def request_finished(self) -> None:
         pass
 
-    def step(self, acceptance_length, num_draft_tokens, num_sent_tokens) -> None:
+    def clock(self) -> None:
+        return None
+
+    def step(self, acceptance_length, num_draft_tokens, num_sent_tokens, clock=None) -> None:
+        pass
+
+    def canary(self, acceptance_rate, tau) -> None:
         pass

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
 MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
+# The ensemble template rendered twice: name -> (max_batch_size, text_output dims). "ensemble" has
+# TensorRT-LLM's layout (a leading batch dimension, at most 1: the models serve one request each);
+# "ensemble_unbatched" takes the same tensors without the batch dimension.
+ENSEMBLES = {"ensemble": (1, "-1"), "ensemble_unbatched": (0, "1")}
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_KV_TOKENS = 32768  # or one full context, when that is larger
 BLOCK_POLICIES = ("adaptive", "fixed")
@@ -46,6 +51,7 @@ class RepoConfig:
     max_batch_sequences: int = 16  # sequences decoding together; more wait in Triton's queue
     max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
     prefill_chunk_tokens: int = 512  # prompt tokens prefilled per step: the stall a newcomer adds
+    canary_tokens: int = DEFAULT_CANARY_TOKENS  # the load-time canary generation (canary.py); 0: off
 
     def validate(self) -> None:
         if self.block_policy not in BLOCK_POLICIES:
@@ -54,7 +60,7 @@ class RepoConfig:
                      "max_batch_sequences", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_us", "num_threads", "block_size", "max_kv_tokens"):
+        for name in ("queue_timeout_us", "num_threads", "block_size", "max_kv_tokens", "canary_tokens"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -74,7 +80,7 @@ def engine_limits(engine) -> tuple[int, int]:
 
 
 def render_repository(config: RepoConfig) -> Path:
-    """Write the four models of the repository into config.out; returns config.out."""
+    """Write the models of the repository (the three Python models, both ensembles) into config.out."""
     from dflash_trt.engine import load_engine
 
     config.validate()
@@ -105,11 +111,16 @@ def render_repository(config: RepoConfig) -> Path:
         "max_batch_sequences": config.max_batch_sequences,
         "max_kv_tokens": max_kv_tokens,
         "prefill_chunk_tokens": config.prefill_chunk_tokens,
+        "canary_tokens": config.canary_tokens,
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    for model in MODELS:
+    for model in MODELS[:-1]:
         _render_model(model, out / model, values)
+    for name, (max_batch_size, text_output_dims) in ENSEMBLES.items():
+        _render_model("ensemble", out / name, {**values, "ensemble_name": name,
+                                               "ensemble_max_batch_size": max_batch_size,
+                                               "text_output_dims": text_output_dims})
     return out
 
 

@@ -129,6 +129,9 @@ def parse_token_request(arrays: dict[str, np.ndarray], limits: RequestLimits,
     if vocab_size is not None and not all(0 <= i < vocab_size for i in prompt_ids):
         raise InvalidRequest(f"input_ids must be in [0, {vocab_size})")
     request = parse_request(arrays, limits, with_text=False)
+    if vocab_size is not None and request.end_id is not None and request.end_id >= vocab_size:
+        raise InvalidRequest(f"end_id {request.end_id} is outside the vocabulary [0, {vocab_size}) "
+                             "(-1 ignores end-of-sequence)")
     validate_prompt_length(len(prompt_ids), request.max_tokens, limits)
     return request, prompt_ids
 

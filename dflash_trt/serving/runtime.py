@@ -129,10 +129,11 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
 
 def _drafter(engine):
-    if engine.drafter is not None:  # torch and onnx: load_engine loaded it
+    if engine.drafter is not None:  # torch, onnx, and tensorrt on a CUDA device: load_engine loaded it
         return engine.drafter
     raise DFlashError(f"{engine.directory}: the {engine.runtime} runtime's drafter cannot run in this process "
-                      "(it needs TensorRT on a GPU); serve the torch or onnx engine of the same pair here")
+                      "(it needs TensorRT on a GPU: serve with a CUDA device); serve the torch or onnx engine "
+                      "of the same pair here")
 
 
 def default_end_ids(target) -> tuple[int, ...]:
@@ -143,14 +144,30 @@ def default_end_ids(target) -> tuple[int, ...]:
 
 
 def tokenizer_for(engine_dir: str | Path):
-    """The target's tokenizer, without loading any weights (preprocessing and postprocessing)."""
-    from transformers import AutoTokenizer
+    """The target's tokenizer, without loading any weights (preprocessing, postprocessing, gateway).
 
+    Text in and text out need the tokenizer files the target ships: without them this refuses
+    rather than inventing a vocabulary."""
     from dflash_trt.engine import load_engine
+    from dflash_trt.target import TOKENIZER_FILES, load_tokenizer
 
     # The dflash model verifies the file hashes; reading the manifest is enough here.
     engine = load_engine(engine_dir, verify=False, load_models=False)
     source = engine.target_path
     if engine.runtime == "trtllm":
         source = Path(engine.llm_options.get("tokenizer") or engine.llm_options["model"])
-    return AutoTokenizer.from_pretrained(str(source)), engine
+    tokenizer = load_tokenizer(source)
+    if tokenizer is None:
+        raise DFlashError(f"{engine_dir}: the target has no tokenizer (none of {', '.join(TOKENIZER_FILES)} in "
+                          f"{source}), so text cannot be tokenized or detokenized; add the target's tokenizer "
+                          "files, or send token ids to the dflash model")
+    return tokenizer, engine
+
+
+def vocabulary_size(runtime) -> int | None:
+    """How many token ids a request may use: the tokenizer's vocabulary, else the target's embedding rows."""
+    tokenizer = getattr(runtime, "tokenizer", None)
+    if tokenizer is not None:
+        return len(tokenizer)
+    config = getattr(getattr(getattr(runtime, "target", None), "model", None), "config", None)
+    return getattr(config, "vocab_size", None)

@@ -39,6 +39,8 @@ class ServerConfig:
     log_verbose: int = 0
     log_path: Path | None = None
     echo: bool = False
+    # Words before tritonserver: () or `mpirun --allow-run-as-root -n 1 [trtllm-llmapi-launch]` (launcher.py)
+    launcher: tuple[str, ...] = ()
 
     @property
     def http_url(self) -> str:
@@ -55,6 +57,7 @@ class ServerConfig:
 
 def server_command(config: ServerConfig, home: Path) -> list[str]:
     return [
+        *config.launcher,
         str(home / "bin" / "tritonserver"),
         f"--model-repository={Path(config.model_repository).resolve()}",
         f"--backend-directory={home / 'backends'}",
@@ -104,6 +107,10 @@ class TritonServer:
     def start(self) -> "TritonServer":
         home = triton_home()
         install_python_stub(home)
+        if self.config.launcher:
+            from dflash_trt.serving.launcher import require_launcher
+
+            require_launcher(list(self.config.launcher))
         repo = Path(self.config.model_repository)
         if not repo.is_dir():
             raise ServerError(f"model repository {repo} does not exist (render one with `make repo`)")

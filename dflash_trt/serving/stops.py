@@ -9,6 +9,7 @@ that lie before it: the output ends before the token in which the stop word begi
 from __future__ import annotations
 
 from dflash_trt.serving.detokenize import NUM_CONTEXT_TOKENS, decode_chunk, settled
+from dflash_trt.serving.requests import InvalidRequest
 
 
 class StopMatcher:
@@ -17,6 +18,8 @@ class StopMatcher:
     def __init__(self, tokenizer, stop_words):
         self.tokenizer = tokenizer
         self.stop_words = tuple(w for w in stop_words if w)
+        if self.stop_words and tokenizer is None:
+            raise InvalidRequest("stop_words are text, and the target has no tokenizer: stop on end_id instead")
         self._released: list[int] = []
         self._pending: list[int] = []
         self.stopped = False

@@ -6,8 +6,8 @@ sections converted by `llmapi.llm_utils.update_llm_args_with_extra_dict`),
 `LLM.generate_async(inputs, sampling_params, streaming=True)` returning a RequestOutput that is
 async-iterable and has `abort()`, `SamplingParams(max_tokens, temperature, top_k, top_p, seed,
 end_id, stop_token_ids, detokenize, return_perf_metrics)`, and per response
-`outputs[0].token_ids_diff`, `.finish_reason` and
-`.request_perf_metrics.speculative_decoding.{total_draft_tokens, total_accepted_draft_tokens}`.
+`outputs[0].token_ids_diff` and `.finish_reason`; the acceptance statistics are read by
+trtllm_stats.py (spec_dec_totals, perf-metrics counters, or tokens per iteration).
 
 TensorRT-LLM batches requests in flight, so the model instance serves many requests at once: each
 runs on a worker thread that waits on a queue fed by one asyncio loop owning the LLM.
@@ -16,13 +16,13 @@ runs on a worker thread that waits on a queue fed by one asyncio loop owning the
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Iterator
 
-from dflash_trt.serving.generation import Step
 from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.serving.trtllm_stats import AcceptanceReader, Cursor
 
 MAX_CONCURRENT_REQUESTS = 256
 _DONE = object()
@@ -55,6 +55,7 @@ def llm_kwargs(options: dict) -> dict:
     objects the way `trtllm-serve --extra_llm_api_options` does it (speculative_config through
     DecodingBaseConfig.from_dict, which picks DFlashDecodingConfig by decoding_type)."""
     options = dict(options)
+    options.pop("env_overrides", None)  # applied to the environment by TrtllmRuntime before the LLM starts
     try:
         from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
     except ImportError:
@@ -63,42 +64,22 @@ def llm_kwargs(options: dict) -> dict:
     return update_llm_args_with_extra_dict({"model": model}, options)
 
 
-@dataclass
-class _Cursor:
-    """Cumulative statistics already turned into steps."""
-
-    is_first: bool = True
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-
-
-def step_from_output(output, cursor: _Cursor) -> Step:
-    """One streamed RequestOutput -> Step (acceptance from TensorRT-LLM's own counters)."""
-    completion = output.outputs[0]
-    new_ids = [int(t) for t in completion.token_ids_diff]
-    spec = getattr(getattr(completion, "request_perf_metrics", None), "speculative_decoding", None)
-    num_draft = None
-    acceptance = None if cursor.is_first else len(new_ids)
-    if spec is not None and not cursor.is_first:
-        num_draft = int(spec.total_draft_tokens) - cursor.num_draft_tokens
-        acceptance = int(spec.total_accepted_draft_tokens) - cursor.num_accepted_tokens + 1
-    if spec is not None:
-        cursor.num_draft_tokens = int(spec.total_draft_tokens)
-        cursor.num_accepted_tokens = int(spec.total_accepted_draft_tokens)
-    cursor.is_first = False
-    finished = bool(output.finished)
-    reason = (completion.finish_reason or "length") if finished else ""
-    return Step(new_ids, acceptance, finished, reason, num_draft)
-
-
 class TrtllmRuntime:
     """Serves requests through one TensorRT-LLM LLM object owned by a background asyncio loop."""
 
     def __init__(self, llm_options: dict, tokenizer, block_size: int, default_end_ids=(),
                  max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS):
+        from dflash_trt.serving.launcher import clear_inherited_mpi_env
+
+        # Under `mpirun -n 1 tritonserver` this stub inherits the server rank's MPI job identity; NVIDIA's
+        # llmapi Triton model clears it too, so that the LLM starts its own MPI world for the TP workers.
+        clear_inherited_mpi_env(os.environ)
+        for name, value in (llm_options.get("env_overrides") or {}).items():
+            os.environ.setdefault(name, str(value))  # e.g. TRTLLM_ENABLE_PDL, before the workers start
         import tensorrt_llm
 
         self.tokenizer, self.block_size = tokenizer, block_size
+        self.reader = AcceptanceReader(max(block_size - 1, 0))
         self.default_end_ids = tuple(default_end_ids)
         self.max_concurrent_requests = max_concurrent_requests
         self._sampling_params = tensorrt_llm.SamplingParams
@@ -152,9 +133,10 @@ class TrtllmRuntime:
         try:
             output = self.llm.generate_async({"prompt_token_ids": list(prompt_ids)}, params, streaming=True)
             handle["output"] = output
-            cursor = _Cursor()
+            cursor = Cursor()
             async for item in output:
-                results.put(step_from_output(item, cursor))
+                for step in self.reader.steps(item, cursor):
+                    results.put(step)
         except Exception as error:  # noqa: BLE001 - handed to the request's thread
             results.put(error)
         finally:

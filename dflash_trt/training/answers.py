@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_trt.data.prompts import load_prompts
+from dflash_trt.data.prompts import FAMILIES, load_prompts, prompt_messages
 
 
 @dataclass
@@ -26,7 +26,7 @@ class AnswerConfig:
     out: str = "out/drafter-data"
     target: str = "smollm2"
     max_prompts: int = 2000
-    max_new_tokens: int = 128
+    max_new_tokens: int = 384
     batch_size: int = 32
     shard: int = 0
     num_shards: int = 1
@@ -35,18 +35,29 @@ class AnswerConfig:
     # Target layers whose outputs are kept while generating ("1,8,14,20,27"; empty: none). Capturing
     # them here is almost free, whereas a separate feature pass costs a full target forward per sample.
     feature_layer_ids: str = ""
+    # Only prompts of these families ("sharegpt-chat,champ-math"; empty: all); indices stay global.
+    families: str = ""
+    # Start a new answers file every this many records of the shard (0: one file), so files that
+    # are full never change again and can be committed while generation goes on.
+    chunk_records: int = 0
 
 
-def ordered_prompts(root: str, max_prompts: int, seed: int) -> list[tuple[str, str]]:
-    """Training prompts in a deterministic shuffled order, so any prefix is balanced over families."""
-    items = load_prompts(root, "train")
-    random.Random(seed).shuffle(items)
+def ordered_prompts(root: str, max_prompts: int, seed: int) -> list[tuple[str, object]]:
+    """Training prompts in a deterministic order: the template families shuffled (as they always were),
+    then the source families shuffled. Any prefix of a group is balanced over its families, and adding
+    source families leaves the indices of template prompts, and so their committed answers, unchanged."""
+    present = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+    items = []
+    for group in ([f for f in present if f in FAMILIES], [f for f in present if f not in FAMILIES]):
+        part = load_prompts(root, "train", tuple(group)) if group else []
+        random.Random(seed).shuffle(part)
+        items += part
     return items[:max_prompts]
 
 
-def chat_ids(tok, prompt: str) -> list[int]:
-    """Token ids of the prompt with the target's chat template and the assistant header."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+def chat_ids(tok, prompt) -> list[int]:
+    """Token ids of the prompt (a string or chat messages) with the chat template and the assistant header."""
+    text = tok.apply_chat_template(prompt_messages(prompt), tokenize=False, add_generation_prompt=True)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -116,8 +127,9 @@ def generate_answers(cfg: AnswerConfig) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"answers.{cfg.shard}-of-{cfg.num_shards}.jsonl"
+    families = {f.strip() for f in cfg.families.split(",") if f.strip()}
     items = [(i, f, p) for i, (f, p) in enumerate(ordered_prompts(cfg.prompts, cfg.max_prompts, cfg.seed))
-             if i % cfg.num_shards == cfg.shard]
+             if i % cfg.num_shards == cfg.shard and (not families or f in families)]
     done = answered_indices(out)
     todo = [it for it in items if it[0] not in done]
     if not todo:
@@ -146,12 +158,24 @@ def generate_answers(cfg: AnswerConfig) -> Path:
         if layer_ids:
             write_feature_chunk(feature_dir(cfg.out, layer_ids), recs,
                                 generation_features(gen.hidden_states, layer_ids, width, recs))
-        with open(path, "a", encoding="utf-8") as f:
-            for rec in recs:
+        for rec in recs:
+            with open(answers_file(out, cfg, path), "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{ntok / (time.time() - t0):.1f}")
     bar.close()
+    return path
+
+
+def answers_file(out: Path, cfg: AnswerConfig, single: Path) -> Path:
+    """The file the next record of this shard goes to: `single`, or the first chunk file not yet full."""
+    if cfg.chunk_records <= 0:
+        return single
+    stem = f"answers.{cfg.shard}-of-{cfg.num_shards}"
+    chunk = 0
+    while (path := out / f"{stem}.{chunk:04d}.jsonl").exists() and \
+            sum(1 for line in path.open(encoding="utf-8") if line.strip()) >= cfg.chunk_records:
+        chunk += 1
     return path
 
 

@@ -15,10 +15,13 @@ from dflash_trt.training.trainer import TrainConfig
 
 PRESETS = {
     # The embedded demo pair: SmolLM2-135M-Instruct (30 layers, hidden 576) and a 2-layer drafter.
-    # "answers": committed greedy answers of the target, imported by the answers stage instead of
-    # regenerated (about 4 hours of a 2-core CPU for all 5,804 training prompts).
-    "smollm2-135m": {"target": "smollm2", "max_prompts": 5804, "max_new_tokens": 128,
-                     "out": "models/smollm2-135m-dflash", "answers": "data/answers/smollm2-135m"},
+    # "answers": directories of committed greedy answers of the target, imported by the answers stage
+    # instead of regenerated: the 5,804 template prompts (128-token cap, about 4 hours of a 2-core CPU)
+    # and the source prompts (data/prompts/sharegpt-*, champ-math; 384-token cap, answered in chunks).
+    # 10,504 = all training prompts (5,804 template + 4,700 source ones).
+    "smollm2-135m": {"target": "smollm2", "max_prompts": 10504, "max_new_tokens": 384,
+                     "out": "models/smollm2-135m-dflash",
+                     "answers": "data/answers/smollm2-135m,data/answers/smollm2-135m-sources"},
 }
 
 
@@ -29,11 +32,13 @@ class PipelineConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     out: str = "models/smollm2-135m-dflash"
     max_prompts: int = 3000
-    max_new_tokens: int = 128
+    max_new_tokens: int = 384
     answer_batch_size: int = 32
     eval_prompts_per_family: int = 8
-    # Directory of answer files imported before generating (records must match the prompt order).
+    # Directories of answer files (comma-separated) imported before generating (records must match
+    # the prompt order); with generate_answers False the answers stage only imports.
     answers_from: str | None = None
+    generate_answers: bool = True
     stages: tuple[str, ...] = ("prompts", "answers", "features", "train", "export")
 
 
@@ -50,16 +55,25 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     summary: dict = {}
     if "prompts" in cfg.stages and not Path(tc.prompts).exists():
         from dflash_trt.data.prompts import write_prompt_sets
+        from dflash_trt.data.sources import write_source_prompt_sets
+        from dflash_trt.errors import DFlashError
+
         write_prompt_sets(tc.prompts)
+        try:
+            write_source_prompt_sets(tc.prompts)
+        except DFlashError as error:  # the `data` extra is optional: template prompts alone still train
+            print(f"prompts: template families only ({error})")
     if "answers" in cfg.stages:
         t0 = time.time()
-        if cfg.answers_from:
-            copied = import_answers(cfg.answers_from, tc.data, tc.prompts, cfg.max_prompts)
-            print(f"answers: imported {copied} answers from {cfg.answers_from}")
-        generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,
-                                      max_prompts=cfg.max_prompts, max_new_tokens=cfg.max_new_tokens,
-                                      batch_size=cfg.answer_batch_size, threads=tc.threads,
-                                      feature_layer_ids=",".join(map(str, tc.target_layer_ids))))
+        for source in (cfg.answers_from or "").split(","):
+            if source.strip():
+                copied = import_answers(source.strip(), tc.data, tc.prompts, cfg.max_prompts)
+                print(f"answers: imported {copied} answers from {source.strip()}")
+        if cfg.generate_answers:
+            generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,
+                                          max_prompts=cfg.max_prompts, max_new_tokens=cfg.max_new_tokens,
+                                          batch_size=cfg.answer_batch_size, threads=tc.threads,
+                                          feature_layer_ids=",".join(map(str, tc.target_layer_ids))))
         summary["answers_s"] = round(time.time() - t0, 1)
     if not {"features", "train", "export"} & set(cfg.stages):
         return summary

@@ -6,7 +6,7 @@ For a sequence with target features F[0..T) and anchors a_1..a_N (response posit
 - block n attends to context rows t < a_n (strictly before the anchor: the anchor's own feature is
   not visible, its token enters through its embedding in slot 0) and bidirectionally to its own
   slots; blocks are invisible to each other.
-The forward reuses the modules of ``DFlashDrafter`` (KV injection through the same k/v projections,
+The forward reuses the modules of the drafter (``dflash_trt.drafters``) (KV injection through the same k/v projections,
 RoPE at absolute positions), so a trained state dict is the published checkpoint as is. The masked
 attention is the training twin of the cache-based inference path; a test checks they agree.
 """
@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dflash_trt.drafter import DFlashDrafter
+from dflash_trt.drafter import DrafterBase
 
 
 def sample_anchors(prompt_len: int, length: int, num_blocks: int, generator: torch.Generator) -> torch.Tensor:
@@ -72,7 +72,8 @@ def build_batch(samples: list[dict], anchors: list[torch.Tensor], block_size: in
     block_id = torch.where(block_valid, torch.arange(N).expand(B, N), -1)
     return {
         "features": feats, "ctx_valid": ctx_valid,
-        "block_tokens": tokens.view(B, -1), "labels": labels.view(B, -1), "weights": weights.reshape(B, -1),
+        "block_tokens": tokens.view(B, -1), "labels": labels.view(B, -1),
+        "label_ids": labels.view(B, -1), "weights": weights.reshape(B, -1),
         "positions": pos.view(B, -1), "anchor_of_slot": anchor[:, :, None].expand(B, N, q).reshape(B, -1),
         "block_of_slot": block_id[:, :, None].expand(B, N, q).reshape(B, -1),
         "slot": offs.repeat(N).expand(B, N * q),
@@ -89,11 +90,11 @@ def attention_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat((ctx, own), dim=2)[:, None]
 
 
-def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope):
+def _attention(layer, h, ctx, positions, ctx_positions, mask, rope):
+    """o_proj(attention) of normed block states h over [context ; own block] (the masked training twin)."""
     attn = layer.self_attn
-    B, S, _ = x.shape
+    B, S, _ = h.shape
     C = ctx.shape[1]
-    h = layer.input_layernorm(x)
     q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
     k = attn.k_norm(attn.k_proj(h).view(B, S, attn.num_kv_heads, attn.head_dim))
     v = attn.v_proj(h).view(B, S, attn.num_kv_heads, attn.head_dim)
@@ -108,11 +109,33 @@ def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope):
     keys = torch.cat((ck, k), dim=1).transpose(1, 2)
     values = torch.cat((cv, v), dim=1).transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
-    x = x + attn.o_proj(out.transpose(1, 2).reshape(B, S, -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return attn.o_proj(out.transpose(1, 2).reshape(B, S, -1))
 
 
-def drafter_block_states(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: dict) -> torch.Tensor:
+def _block_conv(conv, u, coefficients, side, block_size):
+    """A DFlash2 convolution over each block of the [B, N*q, D] layout separately (it never crosses blocks)."""
+    B, S, D = u.shape
+    blocks = u.reshape(B, S // block_size, block_size, D)
+    coefficients = coefficients.reshape(B, S // block_size, block_size, *coefficients.shape[2:])
+    return conv.apply(blocks, coefficients, side).reshape(B, S, D)
+
+
+def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope, block_size):
+    h = layer.input_layernorm(x)
+    if not hasattr(layer, "attention_conv"):  # DFlash
+        x = x + _attention(layer, h, ctx, positions, ctx_positions, mask, rope)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+    delta = layer.attention_conv.coefficients(h)  # DFlash2: convolutions around attention and MLP
+    a = _attention(layer, _block_conv(layer.attention_conv, h, delta, 0, block_size), ctx, positions,
+                   ctx_positions, mask, rope)
+    x = x + _block_conv(layer.attention_conv, a, delta, 1, block_size)
+    m = layer.post_attention_layernorm(x)
+    delta = layer.mlp_conv.coefficients(m)
+    y = layer.mlp(_block_conv(layer.mlp_conv, m, delta, 0, block_size))
+    return x + _block_conv(layer.mlp_conv, y, delta, 1, block_size)
+
+
+def drafter_block_states(drafter: DrafterBase, embed_weight: torch.Tensor, batch: dict) -> torch.Tensor:
     """Final-normed drafter states [B,N*q,D] of every block slot in the batch."""
     ctx = drafter.fuse_context(batch["features"])
     x = F.embedding(batch["block_tokens"], embed_weight)
@@ -120,17 +143,39 @@ def drafter_block_states(drafter: DFlashDrafter, embed_weight: torch.Tensor, bat
     ctx_positions = torch.arange(T).expand(ctx.shape[0], T)
     mask = attention_mask(batch)
     for layer in drafter.layers:
-        x = _layer_forward(layer, x, ctx, batch["positions"], ctx_positions, mask, drafter.rope)
+        x = _layer_forward(layer, x, ctx, batch["positions"], ctx_positions, mask, drafter.rope,
+                           drafter.config.block_size)
     return drafter.norm(x)
 
 
-def block_loss(drafter: DFlashDrafter, embed_weight: torch.Tensor, head_weight: torch.Tensor,
-               batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted cross-entropy over the labelled slots; the lm_head runs only where the weight is > 0."""
+def _predecessors(batch: dict) -> torch.Tensor:
+    """Token before each slot on the reference path: the anchor for slot 1, else the previous slot's label."""
+    before_tokens = torch.roll(batch["block_tokens"], 1, dims=1)
+    before_labels = torch.roll(batch["label_ids"], 1, dims=1)
+    return torch.where(batch["slot"] == 1, before_tokens, before_labels)
+
+
+def _transition_scores(selector, states, previous, head_ids):
+    """DFlash2's selector term sum_r A[previous, r] P[r] B[v, r] for every head row v (teacher forced)."""
+    left = selector.predecessor_codebook[previous] * selector.hidden_projection(states)
+    return F.linear(left, selector.successor_codebook[head_ids])
+
+
+def block_loss(drafter: DrafterBase, embed_weight: torch.Tensor, head_weight: torch.Tensor,
+               batch: dict, head_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted cross-entropy over the labelled slots; the lm_head runs only where the weight is > 0.
+
+    DFlash2 (head_ids: the vocabulary id of each head row; batch["label_ids"]: labels as vocabulary ids):
+    the scores are the selector's, logit + transition from the reference path's previous token, so the
+    codebooks learn which continuation follows which token.
+    """
     states = drafter_block_states(drafter, embed_weight, batch)
     w = batch["weights"]
     sel = w > 0
     logits = F.linear(states[sel], head_weight)
+    selector = getattr(drafter, "candidate_selector", None)
+    if selector is not None and head_ids is not None:
+        logits = logits + _transition_scores(selector, states[sel], _predecessors(batch)[sel], head_ids)
     labels = batch["labels"][sel]
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
     loss = (ce * w[sel]).sum() / w[sel].sum().clamp(min=1e-6)

@@ -36,12 +36,18 @@ def resolve_target_path(target: str) -> str:
 def load_hf_target(target: str):
     """Return (model, tokenizer) in fp32 eval mode, all parameters frozen."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.target import load_tokenizer
 
     path = Path(resolve_target_path(target))
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     where = str(path.parent if path.suffix == ".gguf" else path)
-    tok = AutoTokenizer.from_pretrained(where, **kwargs)
+    tok = load_tokenizer(path)
+    if tok is None:
+        raise DFlashError(f"{path}: training a drafter needs the target's tokenizer (prompts are text), "
+                          "and none was found")
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs).eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.config import DrafterConfig
-from dflash_trt.drafter import DFlashDrafter, save_drafter
+from dflash_trt.config import FAMILY_ARCHITECTURE, DrafterConfig
+from dflash_trt.drafter import DrafterBase, build_drafter, save_drafter
 from dflash_trt.training.recipe import block_loss, build_batch, sample_anchors
 
 STATE_NAME = "train_state.pt"
 PRECISIONS = ("auto", "bf16", "fp32")
+ARCHS = tuple(FAMILY_ARCHITECTURE)  # "dflash", "dflash2"
 
 
 @dataclass
@@ -30,6 +31,13 @@ class TrainConfig:
     target: str = "smollm2"
     num_layers: int = 2
     block_size: int = 8
+    # Drafter family: "dflash", or "dflash2" (convolutions start as the identity and the successor
+    # codebook at zero, so training starts from DFlash behaviour).
+    arch: str = "dflash"
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 16
     target_layer_ids: tuple[int, ...] = (1, 8, 14, 20, 27)
     mask_token_id: int = 4
     intermediate_size: int = 1536
@@ -76,7 +84,7 @@ def drafter_config(cfg: TrainConfig, target_config) -> DrafterConfig:
     d = target_config.hidden_size
     rope = getattr(target_config, "rope_parameters", None) or {}
     return DrafterConfig.from_dict({
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "architectures": [FAMILY_ARCHITECTURE[cfg.arch]], "model_type": "qwen3",
         "hidden_size": d, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": target_config.num_attention_heads,
         "num_key_value_heads": target_config.num_key_value_heads,
@@ -88,8 +96,19 @@ def drafter_config(cfg: TrainConfig, target_config) -> DrafterConfig:
         "rope_scaling": None, "attention_bias": False,
         "max_position_embeddings": target_config.max_position_embeddings, "hidden_act": "silu",
         "tie_word_embeddings": False, "eos_token_id": list(cfg.stop_token_ids),
-        "dflash_config": {"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id},
+        "dflash_config": _dflash_settings(cfg),
     })
+
+
+def _dflash_settings(cfg: TrainConfig) -> dict:
+    if cfg.arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}")
+    settings = {"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id}
+    if cfg.arch == "dflash2":
+        settings.update(block_size=cfg.block_size, conv_kernel_size=cfg.conv_kernel_size,
+                        conv_group_size=cfg.conv_group_size, selector_rank=cfg.selector_rank,
+                        selector_top_k=cfg.selector_top_k)
+    return settings
 
 
 def feature_rms(samples: list[dict], max_samples: int = 64) -> torch.Tensor:
@@ -139,7 +158,9 @@ class Trainer:
         self.embed, self.full_head = embed_weight.detach(), head_weight.detach()
         self.set_samples(samples)
         torch.manual_seed(cfg.seed)
-        self.drafter = DFlashDrafter(drafter_config(cfg, target_config)).train()
+        self.drafter = build_drafter(drafter_config(cfg, target_config)).train()
+        if hasattr(self.drafter, "init_as_dflash"):
+            self.drafter.init_as_dflash()
         if final_norm_weight is not None:
             # The drafter's states feed the target's head: start its final norm where the target's is.
             with torch.no_grad():
@@ -164,6 +185,9 @@ class Trainer:
         self.by_idx = {s["idx"]: s for s in samples}
         self.head, self.vocab_map = training_head(self.full_head, samples, self.cfg.train_vocab)
         self.complement = None if self.vocab_map is None else torch.nonzero(self.vocab_map < 0).flatten()
+        # Vocabulary id of each row of self.head (the DFlash2 selector scores rows by token id).
+        self.head_ids = (torch.arange(self.full_head.shape[0]) if self.vocab_map is None
+                         else torch.nonzero(self.vocab_map >= 0).flatten())
 
     def add_samples(self, new: list[dict]) -> None:
         """Add samples that appeared while training (answers still being generated)."""
@@ -216,7 +240,7 @@ class Trainer:
         tmp.replace(self.out / STATE_NAME)  # atomic: an interrupted save never corrupts the last one
         save_drafter(self.published_drafter(), self.out / "drafter")
 
-    def published_drafter(self) -> DFlashDrafter:
+    def published_drafter(self) -> DrafterBase:
         """The drafter as it runs on raw target features (feature scaling folded into fc.weight)."""
         drafter = copy.deepcopy(self.drafter).eval()
         if self.scale is not None:
@@ -244,12 +268,13 @@ class Trainer:
             batch["labels"] = self.vocab_map[batch["labels"]]
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, self.cfg, self.elapsed)
-        head = self.head
+        head, head_ids = self.head, self.head_ids
         if self.complement is not None and self.cfg.negatives > 0:
             pick = torch.randperm(len(self.complement), generator=self.generator)[:self.cfg.negatives]
             head = torch.cat((self.head, self.full_head[self.complement[pick]]))
+            head_ids = torch.cat((self.head_ids, self.complement[pick]))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            loss, stats = block_loss(self.drafter, self.embed, head, batch)
+            loss, stats = block_loss(self.drafter, self.embed, head, batch, head_ids)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0))

@@ -3,6 +3,8 @@
  */
 #include "dflashAttentionCApi.h"
 
+#include "dflashAttentionPlan.h"
+
 #include "dflashAttentionCpu.h"
 
 #include <algorithm>
@@ -115,6 +117,55 @@ int32_t dflash_attention_cpu(dflash::DflashAttentionFields const* fields, int32_
         p.ctxRows = ctxRows;
         p.cacheCapacity = cacheCapacity;
         return report(dflash::dflashAttentionCpu(p, static_cast<dflash::DataType>(dataType)), message, capacity);
+    }
+    catch (std::exception const& e)
+    {
+        return report(std::string("DFlashAttention: ") + e.what(), message, capacity);
+    }
+}
+
+void dflash_attention_kernel_plan(int32_t dataType, int32_t headDim, size_t* sharedBytes, int32_t* rowsPerCta,
+    int32_t* keysPerSplit, size_t* maxSharedBytes)
+{
+    *sharedBytes = dflash::sharedMemoryBytes(dataType, headDim);
+    *rowsPerCta = dflash::rowsPerCta(dataType, headDim);
+    *keysPerSplit = dflash::kKEYS_PER_SPLIT;
+    *maxSharedBytes = dflash::kMAX_SHARED_BYTES;
+}
+
+int32_t dflash_attention_num_splits(int32_t numKeys)
+{
+    return dflash::numSplitsForKeys(numKeys);
+}
+
+void dflash_attention_workspace_layout(int32_t batch, int32_t blockLen, int32_t numHeads, int32_t numKvHeads,
+    int32_t headDim, int32_t cacheCapacity, int32_t dataType, uint64_t* out)
+{
+    dflash::WorkspaceLayout const w
+        = dflash::workspaceLayout(batch, blockLen, numHeads, numKvHeads, headDim, cacheCapacity, dataType);
+    out[0] = static_cast<uint64_t>(w.maxSplits);
+    out[1] = w.ropedQ;
+    out[2] = w.ropedK;
+    out[3] = w.partialAcc;
+    out[4] = w.partialStats;
+    out[5] = w.totalBytes;
+}
+
+int32_t dflash_attention_check_dims(dflash::DflashAttentionFields const* fields, int32_t const* nbDims,
+    int64_t const* dims, char* message, size_t capacity)
+{
+    try
+    {
+        dflash::InputDims in{};
+        for (int32_t i = 0; i < 9; ++i)
+        {
+            in.nbDims[i] = nbDims[i];
+            for (int32_t a = 0; a < 4; ++a)
+            {
+                in.d[i][a] = dims[i * 4 + a];
+            }
+        }
+        return report(dflash::checkInputDims(*fields, in), message, capacity);
     }
     catch (std::exception const& e)
     {

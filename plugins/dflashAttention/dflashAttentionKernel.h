@@ -1,17 +1,22 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA kernels of the DFlash draft attention: one launcher per operation, explicitly instantiated per dtype.
+ * CUDA kernels of the DFlash draft attention: one launcher, explicitly instantiated per dtype.
  *
- *   launchDflashAttention  = appendContextKernel (RoPE + cache write of the new context rows)
- *                          + attentionKernel     (one CTA per sequence x KV head x context split; every query head
- *                                                 of the GQA group shares one read of each key/value tile)
- *                          + combineKernel       (only when the context is split: merges the partial softmaxes)
+ *   launchDflashAttention = prepareKernel   (RoPE + cache write of the new context rows; RoPE'd block queries and
+ *                                            keys into the workspace)
+ *                         + attentionKernel (one CTA per sequence x KV head x row tile x context split of
+ *                                            kKEYS_PER_SPLIT keys; every query head of the GQA group and every
+ *                                            block slot share each key/value tile; fp16/bf16 on tensor cores with
+ *                                            mma.sync m16n8k16 and a cp.async pipeline, fp32 on CUDA cores)
+ *                         + combineKernel   (merges the partial softmaxes of sequences with more than one split)
+ * The launch plan (splits, shared memory, workspace) is in dflashAttentionPlan.h.
  */
 #ifndef DFLASH_ATTENTION_KERNEL_H
 #define DFLASH_ATTENTION_KERNEL_H
 
 #include "dflashAttentionParams.h"
+#include "dflashAttentionPlan.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,19 +27,18 @@
 namespace dflash
 {
 
-//! Most context splits one call may use (bounds the workspace).
-constexpr int32_t kMAX_SPLITS{16};
-//! Keys per shared-memory tile; equals the warp size (one lane per key in the softmax update).
-constexpr int32_t kKEY_TILE{32};
-//! Query rows (block slots x heads of a group) one CTA holds: kMAX_ROW_ELEMENTS / headDim.
-constexpr int32_t kMAX_ROW_ELEMENTS{8192};
+//! Workspace bytes of a call (workspaceLayout(...).totalBytes); a workspace of this size for the largest batch,
+//! block and capacity serves every smaller call.
+size_t dflashAttentionWorkspaceSize(int32_t batch, int32_t blockLen, int32_t numHeads, int32_t numKvHeads,
+    int32_t headDim, int32_t cacheCapacity, DataType type) noexcept;
 
-//! Workspace bytes one call needs for the split-context partial results (0 is allowed: then no split).
-size_t dflashAttentionWorkspaceSize(int32_t batch, int32_t blockLen, int32_t numHeads, int32_t headDim) noexcept;
-
-//! Enqueue the op on `stream`. T is float, __half or __nv_bfloat16. All pointers of params are device pointers.
-//! cacheLens/ctxLens are read on the device only; lengths that do not fit the cache are clamped, never written out of
-//! bounds. Returns the first CUDA error (launch configuration included).
+//! Enqueue the op on `stream`. T is float, __half or __nv_bfloat16. All pointers of params are device pointers;
+//! for fp16/bf16 the value tensors and the workspace must be 16-byte aligned. cacheLens/ctxLens are read on the device
+//! only; lengths that do not fit the cache are clamped, never written out of bounds. Returns cudaErrorInvalidValue
+//! for bad shapes or a workspace smaller than dflashAttentionWorkspaceSize, cudaErrorMisalignedAddress for
+//! misaligned tensors, else the first CUDA error (launch configuration included). No host synchronisation and no
+//! allocation: safe to capture in a CUDA graph (the first call per device sets the kernels' shared-memory limit, so
+//! make it outside a capture).
 template <typename T>
 cudaError_t launchDflashAttention(
     DflashAttentionParams const& params, void* workspace, size_t workspaceSize, cudaStream_t stream);

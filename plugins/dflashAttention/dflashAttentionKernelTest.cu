@@ -1,8 +1,9 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Self-checking GPU test of the DFlash draft-attention kernels: random inputs, kernel vs CPU twin (output and cache),
- * split vs unsplit context, then timing with the achieved bandwidth of the byte model in README.md.
+ * Self-checking GPU test of the DFlash draft-attention kernels: random inputs, kernel vs CPU twin (output and both
+ * caches, elementwise), sequence 0 alone vs inside its batch (bit-identical: the split of the context depends only on
+ * the sequence), then timing with the achieved bandwidth of the byte model in README.md.
  * Exit code 0 when every check passes. Usage: dflash_attention_kernel_test [--quick]
  */
 #include "dflashAttentionCpu.h"
@@ -77,26 +78,40 @@ float elementAt(std::vector<uint16_t> const& buf, size_t i, DataType type)
     return type == DataType::kHALF ? toFloat(Fp16{buf[i]}) : toFloat(Bf16{buf[i]});
 }
 
-float maxAbsDiff(std::vector<uint16_t> const& a, std::vector<uint16_t> const& b, size_t n, DataType type)
+//! Elementwise tolerance |a - ref| <= rtol |ref| + atol max|ref|: bf16/fp16 P V products round the softmax weights to
+//! the I/O type, so the kernel may differ from the fp32 twin by about one unit in the last place of each output.
+struct Tolerance
 {
-    float worst = 0.F;
-    for (size_t i = 0; i < n; ++i)
-    {
-        worst = std::max(worst, std::fabs(elementAt(a, i, type) - elementAt(b, i, type)));
-    }
-    return worst;
+    float rtol;
+    float atol;
+};
+
+Tolerance tolerance(DataType type)
+{
+    return type == DataType::kFLOAT ? Tolerance{1e-4F, 1e-5F}
+                                    : (type == DataType::kHALF ? Tolerance{2.F / 1024, 1.F / 4096}
+                                                               : Tolerance{2.F / 128, 1.F / 512});
 }
 
-//! Allowed max abs difference: about two units in the last place of the largest reference value.
-float tolerance(std::vector<uint16_t> const& reference, size_t n, DataType type)
+//! Count of elements outside the tolerance; worst receives the largest abs difference.
+size_t countBad(std::vector<uint16_t> const& a, std::vector<uint16_t> const& ref, size_t n, DataType type,
+    Tolerance tol, float& worst)
 {
-    float largest = 1.F;
+    float largest = 0.F;
     for (size_t i = 0; i < n; ++i)
     {
-        largest = std::max(largest, std::fabs(elementAt(reference, i, type)));
+        largest = std::max(largest, std::fabs(elementAt(ref, i, type)));
     }
-    float const relative = type == DataType::kFLOAT ? 2e-5F : (type == DataType::kHALF ? 1.F / 512 : 1.F / 64);
-    return relative * largest;
+    size_t bad = 0;
+    worst = 0.F;
+    for (size_t i = 0; i < n; ++i)
+    {
+        float const r = elementAt(ref, i, type);
+        float const diff = std::fabs(elementAt(a, i, type) - r);
+        worst = std::max(worst, diff);
+        bad += (diff > tol.rtol * std::fabs(r) + tol.atol * largest || std::isnan(diff)) ? 1 : 0;
+    }
+    return bad;
 }
 
 struct DeviceBuffer
@@ -126,7 +141,8 @@ double bytesMoved(Case const& c, std::vector<int32_t> const& cacheLens, std::vec
     double const e = dataTypeSize(c.type);
     double const row = static_cast<double>(c.headDim) * e;
     int32_t const group = c.numHeads / c.numKvHeads;
-    int32_t const rowTiles = (group * c.blockLen * c.headDim + kMAX_ROW_ELEMENTS - 1) / kMAX_ROW_ELEMENTS;
+    int32_t const rows = rowsPerCta(static_cast<int32_t>(c.type), c.headDim);
+    int32_t const rowTiles = (group * c.blockLen + rows - 1) / rows;
     double bytes = 2.0 * c.batch * c.blockLen * c.numHeads * row; // q in, out
     bytes += 2.0 * c.batch * c.blockLen * c.numKvHeads * row * rowTiles; // block k, v
     for (int32_t b = 0; b < c.batch; ++b)
@@ -178,7 +194,8 @@ bool runCase(Case const& c, std::mt19937& rng, bool timing)
 
     DeviceBuffer dQ(nQ * e), dK(nK * e), dV(nK * e), dCtxK(nCtx * e), dCtxV(nCtx * e), dCacheK(nCache * e),
         dCacheV(nCache * e), dOut(nQ * e), dCacheLens(4 * c.batch), dCtxLens(4 * c.batch);
-    size_t const wsBytes = dflashAttentionWorkspaceSize(c.batch, c.blockLen, c.numHeads, c.headDim);
+    size_t const wsBytes = dflashAttentionWorkspaceSize(
+        c.batch, c.blockLen, c.numHeads, c.numKvHeads, c.headDim, c.cacheCapacity, c.type);
     DeviceBuffer dWs(wsBytes);
     dQ.upload(q.data(), nQ * e);
     dK.upload(k.data(), nK * e);
@@ -205,16 +222,36 @@ bool runCase(Case const& c, std::mt19937& rng, bool timing)
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<uint16_t> gpuOut(q.size());
     std::vector<uint16_t> gpuCacheK(cacheK.size());
+    std::vector<uint16_t> gpuCacheV(cacheV.size());
     dOut.download(gpuOut.data(), nQ * e);
     dCacheK.download(gpuCacheK.data(), nCache * e);
+    dCacheV.download(gpuCacheV.data(), nCache * e);
 
-    // The same call without workspace runs unsplit: the split/combine path must agree with it.
-    CHECK_CUDA(launchDflashAttention(dp, c.type, nullptr, 0, nullptr));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<uint16_t> unsplitOut(q.size());
-    dOut.download(unsplitOut.data(), nQ * e);
-    float const splitErr = maxAbsDiff(gpuOut, unsplitOut, nQ, c.type);
-    bool ok = splitErr <= tolerance(unsplitOut, nQ, c.type);
+    // Sequence 0 alone (batch 1, fresh cache) must give bit-identical output rows: its context split depends only on
+    // its own length, never on the batch.
+    bool ok = true;
+    if (c.batch > 1)
+    {
+        DflashAttentionParams one = dp;
+        one.batch = 1;
+        size_t const oneQ = nQ / c.batch;
+        size_t const oneCache = nCache / c.batch;
+        DeviceBuffer dCacheK1(oneCache * e), dCacheV1(oneCache * e), dOut1(oneQ * e);
+        dCacheK1.upload(cacheK.data(), oneCache * e);
+        dCacheV1.upload(cacheV.data(), oneCache * e);
+        one.cacheK = dCacheK1.ptr;
+        one.cacheV = dCacheV1.ptr;
+        one.out = dOut1.ptr;
+        CHECK_CUDA(launchDflashAttention(one, c.type, dWs.ptr, wsBytes, nullptr));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<uint16_t> aloneOut(gpuOut.size());
+        dOut1.download(aloneOut.data(), oneQ * e);
+        if (std::memcmp(aloneOut.data(), gpuOut.data(), oneQ * e) != 0)
+        {
+            std::printf("%-28s sequence 0 differs between batch 1 and batch %d\n", c.name, c.batch);
+            ok = false;
+        }
+    }
 
     float outErr = 0.F;
     float cacheErr = 0.F;
@@ -238,9 +275,17 @@ bool runCase(Case const& c, std::mt19937& rng, bool timing)
             std::printf("%-28s CPU twin failed: %s\n", c.name, error.c_str());
             return false;
         }
-        outErr = maxAbsDiff(gpuOut, cpuOut, nQ, c.type);
-        cacheErr = maxAbsDiff(gpuCacheK, cacheK, nCache, c.type);
-        ok = ok && outErr <= tolerance(cpuOut, nQ, c.type) && cacheErr <= tolerance(cacheK, nCache, c.type);
+        size_t const badOut = countBad(gpuOut, cpuOut, nQ, c.type, tolerance(c.type), outErr);
+        // RoPE'd cache keys: one rounding of the same fp32 value (sincosf vs libm may move it by one unit);
+        // values are copied, so they must be identical, and rows outside the appended ones untouched.
+        size_t const badK = countBad(gpuCacheK, cacheK, nCache, c.type, Tolerance{1.F / 64, 0.F}, cacheErr);
+        bool const sameV = std::memcmp(gpuCacheV.data(), cacheV.data(), nCache * e) == 0;
+        if (badOut != 0 || badK != 0 || !sameV)
+        {
+            std::printf("%-28s %zu outputs and %zu cache keys out of tolerance, cache values %s\n", c.name, badOut,
+                badK, sameV ? "identical" : "DIFFER");
+            ok = false;
+        }
     }
 
     double gbPerS = 0.0;
@@ -266,8 +311,7 @@ bool runCase(Case const& c, std::mt19937& rng, bool timing)
         cudaEventDestroy(start);
         cudaEventDestroy(stop);
     }
-    std::printf("%-28s %s  out err %.3g  cache err %.3g  split err %.3g", c.name, ok ? "PASS" : "FAIL", outErr,
-        cacheErr, splitErr);
+    std::printf("%-28s %s  out err %.3g  cache-k err %.3g", c.name, ok ? "PASS" : "FAIL", outErr, cacheErr);
     if (timing)
     {
         std::printf("  %.1f us  %.1f GB/s", usPerCall, gbPerS);
@@ -294,7 +338,10 @@ int main(int argc, char** argv)
         {"bf16 d128 gqa4 b4", DataType::kBF16, 4, 16, 32, 8, 128, 16, 2304, 2048, false, true},
         {"bf16 d64 gqa8 yarn b2", DataType::kBF16, 2, 10, 64, 8, 64, 11, 4096, 3000, true, true},
         {"bf16 d128 mha empty cache", DataType::kBF16, 2, 4, 4, 4, 128, 0, 64, 0, false, true},
-        {"fp32 d128 gqa16 rows>64", DataType::kFLOAT, 1, 16, 32, 2, 128, 3, 256, 100, false, true},
+        {"fp32 d128 gqa16 rows>32", DataType::kFLOAT, 1, 16, 32, 2, 128, 3, 256, 100, false, true},
+        {"bf16 d64 gqa8 yarn rows>64", DataType::kBF16, 2, 16, 64, 8, 64, 1, 1600, 1500, true, true},
+        {"fp16 d128 splits b3 ragged", DataType::kHALF, 3, 16, 32, 8, 128, 7, 3000, 2900, false, true},
+        {"bf16 d128 one key b1 s1", DataType::kBF16, 1, 1, 8, 8, 128, 1, 8, 0, false, true},
     };
     std::vector<Case> const timings = {
         {"time bf16 qwen3-8b 8k b1", DataType::kBF16, 1, 16, 32, 8, 128, 16, 8192 + 16, 8192, false, false},

@@ -4,6 +4,7 @@
 #include "dflashAttentionPlugin.h"
 
 #include "dflashAttentionKernel.h"
+#include "dflashAttentionPlan.h"
 
 #include <cstddef>
 #include <cstdio>
@@ -51,18 +52,24 @@ constexpr char const* kONNX_PLUGIN_NAMESPACE_ATTR{"plugin_namespace"};
 ILoggerFinder* gLoggerFinder{nullptr};
 std::mutex gLoggerMutex;
 
-void logError(std::string const& message) noexcept
+void logError(char const* message) noexcept
 {
     std::lock_guard<std::mutex> lock(gLoggerMutex);
     ILogger* logger = gLoggerFinder != nullptr ? gLoggerFinder->findLogger() : nullptr;
     if (logger != nullptr)
     {
-        logger->log(ILogger::Severity::kERROR, message.c_str());
+        logger->log(ILogger::Severity::kERROR, message);
     }
     else
     {
-        std::fprintf(stderr, "[E] %s\n", message.c_str());
+        std::fprintf(stderr, "[E] %s\n", message);
     }
+}
+
+//! Callers build messages with std::string, which may throw; every caller is inside a try block.
+void logError(std::string const& message) noexcept
+{
+    logError(message.c_str());
 }
 
 //! Read a scalar field given as any int or float width (the ONNX parser and the Python API differ).
@@ -140,9 +147,9 @@ IPluginV3* DflashAttentionPlugin::clone() noexcept
     {
         return new DflashAttentionPlugin(mFields);
     }
-    catch (std::exception const& e)
+    catch (...)
     {
-        logError(std::string(kPLUGIN_NAME) + ": clone failed: " + e.what());
+        logError("DFlashAttention: clone failed");
         return nullptr;
     }
 }
@@ -185,7 +192,7 @@ int32_t DflashAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t 
 {
     if (nbInputs != kNB_INPUTS || nbOutputs != kNB_OUTPUTS)
     {
-        logError(std::string(kPLUGIN_NAME) + ": expects 9 inputs and 3 outputs");
+        logError("DFlashAttention: expects 9 inputs and 3 outputs");
         return -1;
     }
     outputs[0] = inputs[0];
@@ -216,55 +223,44 @@ bool DflashAttentionPlugin::supportsFormatCombination(
 
 std::string DflashAttentionPlugin::checkDims(Dims const* dims) const
 {
-    auto bad = [](int64_t actual, int64_t expected) { return actual >= 0 && actual != expected; };
-    for (int32_t i = 0; i < 7; ++i)
+    InputDims in{};
+    for (int32_t i = 0; i < kNB_INPUTS; ++i)
     {
-        if (dims[i].nbDims != 4 || bad(dims[i].d[3], mFields.headDim))
+        in.nbDims[i] = dims[i].nbDims;
+        for (int32_t a = 0; a < 4; ++a)
         {
-            return "input " + std::to_string(i) + " must be 4-D with last dim head_dim";
+            in.d[i][a] = a < dims[i].nbDims ? dims[i].d[a] : -1;
         }
     }
-    if (dims[7].nbDims != 1 || dims[8].nbDims != 1)
-    {
-        return "cache_lens and ctx_lens must be 1-D";
-    }
-    if (bad(dims[0].d[2], mFields.numHeads))
-    {
-        return "q dim 2 must equal num_heads";
-    }
-    for (int32_t i : {1, 2, 3, 4})
-    {
-        if (bad(dims[i].d[2], mFields.numKvHeads))
-        {
-            return "k, v, ctx_k and ctx_v dim 2 must equal num_kv_heads";
-        }
-    }
-    if (bad(dims[5].d[1], mFields.numKvHeads) || bad(dims[6].d[1], mFields.numKvHeads))
-    {
-        return "cache_k and cache_v dim 1 must equal num_kv_heads";
-    }
-    return {};
+    return checkInputDims(mFields, in);
 }
 
 int32_t DflashAttentionPlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != kNB_INPUTS || nbOutputs != kNB_OUTPUTS)
+    try
+    {
+        if (nbInputs != kNB_INPUTS || nbOutputs != kNB_OUTPUTS)
+        {
+            return -1;
+        }
+        Dims dims[kNB_INPUTS];
+        for (int32_t i = 0; i < kNB_INPUTS; ++i)
+        {
+            dims[i] = in[i].desc.dims;
+        }
+        std::string const error = checkDims(dims);
+        if (!error.empty())
+        {
+            logError(error);
+            return -1;
+        }
+        return 0;
+    }
+    catch (...)
     {
         return -1;
     }
-    Dims dims[kNB_INPUTS];
-    for (int32_t i = 0; i < kNB_INPUTS; ++i)
-    {
-        dims[i] = in[i].desc.dims;
-    }
-    std::string const error = checkDims(dims);
-    if (!error.empty())
-    {
-        logError(std::string(kPLUGIN_NAME) + ": " + error);
-        return -1;
-    }
-    return 0;
 }
 
 size_t DflashAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
@@ -274,86 +270,117 @@ size_t DflashAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* in
     {
         return 0;
     }
+    // Exactly what the largest profile shape uses: RoPE'd queries and keys, plus split partials when the largest
+    // cache capacity has more than one split. Smaller shapes use a prefix of the same layout.
     Dims const& q = inputs[0].max;
+    Dims const& cache = inputs[5].max;
     return dflashAttentionWorkspaceSize(static_cast<int32_t>(q.d[0]), static_cast<int32_t>(q.d[1]),
-        mFields.numHeads, mFields.headDim);
+        mFields.numHeads, mFields.numKvHeads, mFields.headDim, static_cast<int32_t>(cache.d[2]),
+        toKernelType(inputs[0].desc.type));
 }
 
 int32_t DflashAttentionPlugin::getAliasedInput(int32_t outputIndex) noexcept
 {
-    // The cache outputs are the cache inputs updated in place (needs PreviewFeature::kALIASED_PLUGIN_IO_10_03;
-    // without it enqueue copies the cache first).
+    // The cache outputs are the cache inputs updated in place (needs PreviewFeature::kALIASED_PLUGIN_IO_10_03, which
+    // the engine builder enables; without it enqueue copies the cache first).
     return outputIndex == 1 ? 5 : (outputIndex == 2 ? 6 : -1);
 }
 
 int32_t DflashAttentionPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != kNB_INPUTS || nbOutputs != kNB_OUTPUTS)
+    try
+    {
+        if (nbInputs != kNB_INPUTS || nbOutputs != kNB_OUTPUTS)
+        {
+            return -1;
+        }
+        Dims dims[kNB_INPUTS];
+        for (int32_t i = 0; i < kNB_INPUTS; ++i)
+        {
+            dims[i] = in[i].dims;
+        }
+        std::string const error = checkDims(dims);
+        if (!error.empty())
+        {
+            logError(error);
+            return -1;
+        }
+        return 0;
+    }
+    catch (...)
     {
         return -1;
     }
-    Dims dims[kNB_INPUTS];
-    for (int32_t i = 0; i < kNB_INPUTS; ++i)
-    {
-        dims[i] = in[i].dims;
-    }
-    std::string const error = checkDims(dims);
-    if (!error.empty())
-    {
-        logError(std::string(kPLUGIN_NAME) + ": " + error);
-        return -1;
-    }
-    return 0;
 }
 
 int32_t DflashAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
-    DflashAttentionParams p = mParams;
-    p.batch = static_cast<int32_t>(inputDesc[0].dims.d[0]);
-    p.blockLen = static_cast<int32_t>(inputDesc[0].dims.d[1]);
-    p.ctxRows = static_cast<int32_t>(inputDesc[3].dims.d[1]);
-    p.cacheCapacity = static_cast<int32_t>(inputDesc[5].dims.d[2]);
-    if (p.batch == 0 || p.blockLen == 0)
+    try
     {
-        return 0;
-    }
-    size_t const cacheBytes = static_cast<size_t>(volume(inputDesc[5].dims)) * dataTypeSize(toKernelType(inputDesc[0].type));
-    for (int32_t i : {1, 2})
-    {
-        // Without aliasing TensorRT hands separate output buffers: start them from the cache inputs.
-        if (outputs[i] != inputs[4 + i])
+        // Runtime shapes are checked again here: a mismatched binding must fail, not read or write out of bounds.
+        Dims dims[kNB_INPUTS];
+        for (int32_t i = 0; i < kNB_INPUTS; ++i)
         {
-            cudaError_t const status
-                = cudaMemcpyAsync(outputs[i], inputs[4 + i], cacheBytes, cudaMemcpyDeviceToDevice, stream);
-            if (status != cudaSuccess)
+            dims[i] = inputDesc[i].dims;
+        }
+        std::string const shapeError = checkDims(dims);
+        if (!shapeError.empty())
+        {
+            logError(shapeError);
+            return -1;
+        }
+        DflashAttentionParams p = mParams;
+        p.batch = static_cast<int32_t>(inputDesc[0].dims.d[0]);
+        p.blockLen = static_cast<int32_t>(inputDesc[0].dims.d[1]);
+        p.ctxRows = static_cast<int32_t>(inputDesc[3].dims.d[1]);
+        p.cacheCapacity = static_cast<int32_t>(inputDesc[5].dims.d[2]);
+        if (p.batch == 0 || p.blockLen == 0)
+        {
+            return 0;
+        }
+        dflash::DataType const type = toKernelType(inputDesc[0].type);
+        size_t const cacheBytes = static_cast<size_t>(volume(inputDesc[5].dims)) * dataTypeSize(type);
+        for (int32_t i : {1, 2})
+        {
+            // Without aliasing TensorRT hands separate output buffers: start them from the cache inputs.
+            if (outputs[i] != inputs[4 + i])
             {
-                logError(std::string(kPLUGIN_NAME) + ": cache copy failed: " + cudaGetErrorString(status));
-                return -1;
+                cudaError_t const status
+                    = cudaMemcpyAsync(outputs[i], inputs[4 + i], cacheBytes, cudaMemcpyDeviceToDevice, stream);
+                if (status != cudaSuccess)
+                {
+                    logError(std::string(kPLUGIN_NAME) + ": cache copy failed: " + cudaGetErrorString(status));
+                    return -1;
+                }
             }
         }
+        p.q = inputs[0];
+        p.k = inputs[1];
+        p.v = inputs[2];
+        p.ctxK = inputs[3];
+        p.ctxV = inputs[4];
+        p.cacheK = outputs[1];
+        p.cacheV = outputs[2];
+        p.cacheLens = static_cast<int32_t const*>(inputs[7]);
+        p.ctxLens = static_cast<int32_t const*>(inputs[8]);
+        p.out = outputs[0];
+        // getWorkspaceSize sized the workspace for the largest shapes, which covers these.
+        size_t const workspaceSize = dflashAttentionWorkspaceSize(
+            p.batch, p.blockLen, p.numHeads, p.numKvHeads, p.headDim, p.cacheCapacity, type);
+        cudaError_t const status = launchDflashAttention(p, type, workspace, workspaceSize, stream);
+        if (status != cudaSuccess)
+        {
+            logError(std::string(kPLUGIN_NAME) + ": kernel launch failed: " + cudaGetErrorString(status));
+            return -1;
+        }
+        return 0;
     }
-    p.q = inputs[0];
-    p.k = inputs[1];
-    p.v = inputs[2];
-    p.ctxK = inputs[3];
-    p.ctxV = inputs[4];
-    p.cacheK = outputs[1];
-    p.cacheV = outputs[2];
-    p.cacheLens = static_cast<int32_t const*>(inputs[7]);
-    p.ctxLens = static_cast<int32_t const*>(inputs[8]);
-    p.out = outputs[0];
-    // The workspace was sized for the largest batch and block, so it covers these.
-    size_t const workspaceSize = dflashAttentionWorkspaceSize(p.batch, p.blockLen, p.numHeads, p.headDim);
-    cudaError_t const status
-        = launchDflashAttention(p, toKernelType(inputDesc[0].type), workspace, workspace ? workspaceSize : 0, stream);
-    if (status != cudaSuccess)
+    catch (...)
     {
-        logError(std::string(kPLUGIN_NAME) + ": kernel launch failed: " + cudaGetErrorString(status));
         return -1;
     }
-    return 0;
 }
 
 IPluginV3* DflashAttentionPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
@@ -470,7 +497,11 @@ IPluginV3* DflashAttentionPluginCreator::createPlugin(
     }
     catch (std::exception const& e)
     {
-        logError(std::string(kPLUGIN_NAME) + ": createPlugin failed: " + e.what());
+        logError(e.what());
+        return nullptr;
+    }
+    catch (...)
+    {
         return nullptr;
     }
 }

@@ -5,6 +5,7 @@
  * creator identity and field list, rejection of bad fields with a message, serialisation round trip, formats and
  * aliasing. Prints one line per check and "N passed, M failed"; exit code 0 when all pass.
  */
+#include "dflashAttentionPlan.h"
 #include "dflashAttentionPlugin.h"
 
 #include <cstdio>
@@ -138,6 +139,35 @@ int main()
     check(!build->supportsFormatCombination(7, io, 9, 3), "int64 lengths are not supported");
     io[3].desc.type = DataType::kHALF;
     check(!build->supportsFormatCombination(3, io, 9, 3), "mixed value types are not supported");
+
+    // Cross-input shapes (fields 32/8 heads, head_dim 128): consistent dims configure; a cache whose batch differs from
+    // q's, or ctx_v rows that differ from ctx_k's, is rejected (it would read and write out of bounds).
+    auto setDims = [&](int64_t batch, int64_t ctxVRows, int64_t cacheVBatch) {
+        int64_t const shapes[9][4] = {{batch, 16, 32, 128}, {batch, 16, 8, 128}, {batch, 16, 8, 128},
+            {batch, 5, 8, 128}, {batch, ctxVRows, 8, 128}, {batch, 8, 1024, 128}, {cacheVBatch, 8, 1024, 128},
+            {batch, 0, 0, 0}, {batch, 0, 0, 0}};
+        for (int32_t i = 0; i < 9; ++i)
+        {
+            io[i].desc.dims.nbDims = i < 7 ? 4 : 1;
+            for (int32_t a = 0; a < io[i].desc.dims.nbDims; ++a)
+            {
+                io[i].desc.dims.d[a] = shapes[i][a];
+            }
+            io[i].max = io[i].desc.dims;
+        }
+    };
+    io[3].desc.type = DataType::kBF16;
+    io[7].desc.type = DataType::kINT32;
+    setDims(2, 5, 2);
+    check(build->configurePlugin(io, 9, io + 9, 3) == 0, "consistent shapes configure");
+    size_t const expected = dflash::workspaceLayout(2, 16, 32, 8, 128, 1024, 2).totalBytes;
+    check(build->getWorkspaceSize(io, 9, io + 9, 3) == expected, "workspace is the plan's exact size");
+    setDims(2, 5, 3);
+    check(build->configurePlugin(io, 9, io + 9, 3) != 0, "rejects cache_v with another batch");
+    setDims(2, 4, 2);
+    check(build->configurePlugin(io, 9, io + 9, 3) != 0, "rejects ctx_v rows that differ from ctx_k");
+    setDims(-1, 5, -1);
+    check(build->configurePlugin(io, 9, io + 9, 3) == 0, "unknown (-1) dims pass at build time");
 
     IPluginV3* cloned = plugin->clone();
     check(cloned != nullptr, "clone");

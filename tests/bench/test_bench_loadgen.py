@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -39,6 +40,14 @@ def test_records_ttft_and_one_gap_per_token_after_the_first_chunk():
     assert summary["output_tokens"] == 6 * summary["num_requests"]
     assert 0 < summary["ttft_ms"]["p50"] and summary["itl_ms"]["p50"] <= summary["itl_ms"]["p99"]
     assert summary["output_tokens_per_s"] > 0
+
+
+def test_every_stream_measures_one_request_even_when_the_level_is_over_before_it_starts():
+    """A loaded machine may start a worker thread after the level's duration: it still measures a request,
+    so the counts do not depend on the machine's speed."""
+    clock = itertools.count(0, 10).__next__  # every reading is 10 s later, past any deadline (thread-safe in C)
+    level = run_level(FakeStream, ["a"], concurrency=3, duration_s=1.0, max_tokens=6, clock=clock)
+    assert level.summary()["num_requests"] == 3 and all(r.ok for r in level.records)
 
 
 def test_counts_errors_and_opens_a_new_stream_after_each():

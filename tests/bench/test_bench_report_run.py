@@ -73,3 +73,40 @@ def test_default_sweep_doubles_up_to_the_drafters_block_size():
     assert default_block_sizes(16) == (2, 4, 8, 16)
     assert default_block_sizes(10) == (2, 4, 8, 10)
     assert BenchConfig().concurrency == (1, 4, 16, 32) and BenchConfig().instances == 1
+
+
+def test_multi_turn_and_text_prompt_families_share_one_table(bench_engine, tmp_path):
+    """A family of chat-message prompts (data/prompts/sharegpt-multiturn's format) is benchmarked in process."""
+    from dflash_trt.benchmarks.report import format_table
+
+    prompts = tmp_path / "prompts"
+    conversation = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+                    {"role": "user", "content": "And another one?"}]
+    for family, prompt in {"sharegpt-multiturn": conversation, "chat": "Say hello."}.items():
+        (prompts / family).mkdir(parents=True)
+        (prompts / family / "heldout.jsonl").write_text(json.dumps({"prompt": prompt, "family": family}) + "\n")
+    out = tmp_path / "out"
+    assert main(["bench-report", "--engine", str(bench_engine), "--out", str(out), "--prompts-dir", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "4", "--num-threads", "1", "--block-sizes", "4",
+                 "--no-serving"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["per_family"]) == {"sharegpt-multiturn", "chat"} and summary["identical"] is True
+    assert any(line.startswith("sharegpt-multiturn") for line in format_table(summary).splitlines())
+
+
+def test_a_multi_turn_prompt_is_encoded_with_the_chat_template(bench_engine):
+    from dflash_trt.commands._options import encode_prompt
+    from dflash_trt.engine import load_engine
+    from dflash_trt.errors import DFlashError
+
+    target = load_engine(bench_engine).target
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                    {"role": "user", "content": "Bye"}]
+    ids = encode_prompt(target, conversation, chat=True)
+    text = target.tokenizer.decode(ids)
+    assert text.index("Hi") < text.index("Hello!") < text.index("Bye")
+    assert encode_prompt(target, "Bye", chat=True) == encode_prompt(target, [conversation[-1]], chat=True)
+    with pytest.raises(DFlashError, match="needs --chat"):
+        encode_prompt(target, conversation, chat=False)
+    with pytest.raises(DFlashError, match="ending on a user turn"):
+        encode_prompt(target, conversation[:2], chat=True)

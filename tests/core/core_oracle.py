@@ -33,8 +33,8 @@ class OracleDrafter(DFlashDrafter):
     def new_cache(self, batch_size, capacity):
         return _TrackedCache(self.config, batch_size, capacity, torch.float32)
 
-    def propose(self, target, block, features, ctx_lens, cache):
-        super().propose(target, block, features, ctx_lens, cache)  # keeps the cache bookkeeping real
+    def propose(self, target, block, features, ctx_lens, cache, **kwargs):
+        super().propose(target, block, features, ctx_lens, cache, **kwargs)  # keeps the cache bookkeeping real
         drafts = torch.zeros(block.shape[0], block.shape[1] - 1, dtype=torch.long)
         for row, seq in enumerate(cache.sequence_ids):
             start = int(cache.lens[row])
@@ -70,8 +70,8 @@ class SelfDrafter(DFlashDrafter):
     def new_cache(self, batch_size, capacity):
         return _TrackedCache(self.config, batch_size, capacity, torch.float32)
 
-    def propose(self, target, block, features, ctx_lens, cache):
-        super().propose(target, block, features, ctx_lens, cache)
+    def propose(self, target, block, features, ctx_lens, cache, **kwargs):
+        super().propose(target, block, features, ctx_lens, cache, **kwargs)
         drafts = torch.zeros(block.shape[0], block.shape[1] - 1, dtype=torch.long)
         for row, seq in enumerate(cache.sequence_ids):
             start, history = int(cache.lens[row]), self.histories[seq]

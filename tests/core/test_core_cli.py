@@ -26,6 +26,26 @@ def test_generate_block_size_1_equals_dflash(tiny_pair_dir, capsys):
     assert plain["tau"] == 1.0
 
 
+def test_generate_runs_a_dflash2_drafter(tiny_pair_dir, tmp_path, capsys):
+    from transformers import AutoConfig
+
+    from dflash_trt.testing import make_tiny_drafter
+
+    target = str(tiny_pair_dir / "target")
+    make_tiny_drafter(AutoConfig.from_pretrained(target), tmp_path / "dflash2", family="dflash2", block_size=6,
+                      sliding_window=8, is_causal=False, final_logit_softcapping=30.0)
+    base = ["--target", target, "--max-new-tokens", "11", "--json"]
+    main(["generate", *base, "--drafter", str(tmp_path / "dflash2"), "--prompt-ids", "4,5,6,7"])
+    dflash2 = json.loads(capsys.readouterr().out)
+    main(["generate", *base, "--prompt-ids", "4,5,6,7"])  # no drafter: plain decoding
+    assert dflash2["token_ids"] == json.loads(capsys.readouterr().out)["token_ids"]
+    assert dflash2["block_size"] == 6 and sum(dflash2["acceptance_lengths"]) == 10  # 11 minus the prefill token
+    spec = json.dumps({"method": "dflash", "model": str(tmp_path / "dflash2"), "num_speculative_tokens": 3})
+    main(["generate", *base, "--speculative-config", spec, "--prompt-ids", "4,5,6,7"])
+    via_spec = json.loads(capsys.readouterr().out)
+    assert via_spec["token_ids"] == dflash2["token_ids"] and via_spec["block_size"] == 4
+
+
 @pytest.mark.parametrize("args, message", [
     (["--drafter", "/nonexistent/drafter"], "drafter directory not found"),
     (["--prompt", "hello"], "has no tokenizer"),

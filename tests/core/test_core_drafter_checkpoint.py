@@ -89,13 +89,19 @@ def test_rejects_a_missing_directory_and_missing_weights(tmp_path, target):
         load_drafter(directory)
 
 
-def test_rejects_sliding_window_drafters(tmp_path, target):
+def test_sliding_window_layers_load_with_their_window_and_causality(tmp_path, target):
     directory, _ = _drafter_dir(tmp_path, target)
     config = json.loads((directory / "config.json").read_text())
-    config["layer_types"] = ["sliding_attention", "full_attention"]
+    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=6, use_sliding_window=True)
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="sliding-window drafters are not supported"):
-        load_drafter(directory)
+    loaded = load_drafter(directory)
+    # Without is_causal, a sliding layer is causal (as in the reference); full layers never are.
+    assert loaded.config.layer_windows == (6, None) and loaded.config.layer_causal == (True, False)
+    cache = loaded.new_cache(2, 100)
+    assert [k.shape[2] for k in cache.k] == [5, 100]  # the sliding layer keeps window - 1 rows
+    config["is_causal"] = False
+    (directory / "config.json").write_text(json.dumps(config))
+    assert load_drafter(directory).config.layer_causal == (False, False)
 
 
 @pytest.mark.parametrize("other_target, kwargs, message", [

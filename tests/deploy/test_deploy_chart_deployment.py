@@ -149,3 +149,9 @@ def test_runs_as_non_root_with_a_read_only_root_filesystem_and_writable_tmp():
 def test_autoscaled_deployment_leaves_replicas_to_the_hpa():
     assert "replicas" not in only(_objects(autoscaling={"enabled": True}), "Deployment")["spec"]
     assert only(_objects(replicaCount=2), "Deployment")["spec"]["replicas"] == 2
+
+
+def test_triton_starts_under_the_launcher_the_values_name():
+    assert "--launcher=auto" in container(_objects())["args"]  # mpirun for TensorRT-LLM engines
+    assert "--launcher=mpirun" in container(_objects("gpt-oss-120b-tp8"))["args"]
+    assert "--launcher=plain" in container(_objects(server={"launcher": "plain"}))["args"]

@@ -6,9 +6,10 @@ from chart_render import KUBE_VERSION, PROFILES, profile_values, render
 utils = pytest.importorskip("kubernetes_validate.utils")
 
 # Kinds from CRDs have no schema in kubernetes-validate; they get a structural check below instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 EXTRA = {
     "all-options": {"openai": {"enabled": True}, "autoscaling": {"enabled": True}, "serviceMonitor": {"enabled": True},
+                    "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True},
                     "checkpoints": {"existingClaim": "hf-cache"}, "imagePullSecrets": [{"name": "registry"}],
                     "runtimeClassName": "nvidia", "podDisruptionBudget": {"maxUnavailable": None, "minAvailable": 1}},
     "pvc": {"storage": {"mode": "pvc", "existingClaim": "engines", "subPath": "dflash"}},

@@ -25,6 +25,7 @@ BAD_VALUES = {
     "both pdb bounds": ({"podDisruptionBudget": {"minAvailable": 1}}, "podDisruptionBudget"),
     "unknown pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
     "bad metric name": ({"autoscaling": {"metricName": "requests in flight"}}, "metricName"),
+    "unknown launcher": ({"server": {"launcher": "srun"}}, "launcher"),
 }
 
 

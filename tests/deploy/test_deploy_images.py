@@ -7,6 +7,7 @@ import pytest
 from dockerfile_syntax import DockerfileError, base_images, find, parse
 
 from dflash_trt.deploy.entrypoint import COMMANDS
+from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -31,7 +32,7 @@ def cpu():
 def test_gpu_image_starts_from_a_pinned_triton_trtllm_tag(gpu):
     (image,) = base_images(gpu)
     year, month = map(int, GPU_BASE.match(image).groups())
-    # Triton's compatibility table lists TensorRT-LLM 1.2.1 up to 26.07; DFlash needs >= 1.3.
+    # Triton's compatibility table lists TensorRT-LLM 1.2.1 up to 26.07; DFlash needs >= 1.3.0rc13.
     assert (year, month) > (26, 7), image
 
 
@@ -42,10 +43,22 @@ def test_cpu_image_starts_from_a_pinned_python_slim_tag(cpu):
 
 def test_gpu_dockerfile_states_the_tensorrt_llm_version_it_needs(gpu):
     text = (DOCKER / "gpu.Dockerfile").read_text()
-    assert "TensorRT-LLM >= 1.3" in text
+    assert f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}" in text and "PR #12794" in text
     check = [run.value for run in find(gpu, "RUN") if "check-runtime" in run.value]
     assert check and "MIN_TRTLLM_VERSION" in check[0]
-    assert any(arg.value == "MIN_TRTLLM_VERSION=1.3" for arg in find(gpu, "ARG"))
+    assert any(arg.value == f"MIN_TRTLLM_VERSION={MIN_TRTLLM_VERSION}" for arg in find(gpu, "ARG"))
+
+
+def test_the_version_floor_is_the_first_release_after_dflash_landed():
+    from dflash_trt.deploy.plan import version_key
+
+    # PR #12794 landed after the 1.3.0rc12 tag: that release and every earlier one lack DFlashDecodingConfig.
+    assert MIN_TRTLLM_VERSION == "1.3.0rc13" and version_key("1.3.0rc12") < version_key(MIN_TRTLLM_VERSION)
+
+
+@pytest.mark.parametrize("path", ["deploy/docker/requirements-gpu.txt", "deploy/README.md", "README.md"])
+def test_requirements_and_docs_name_the_same_floor(path):
+    assert f">= {MIN_TRTLLM_VERSION}" in (ROOT / path).read_text()
 
 
 def test_docs_name_the_same_base_images(gpu, cpu):

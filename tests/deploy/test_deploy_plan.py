@@ -142,3 +142,10 @@ def test_reads_release_from_version_strings(version, expected):
 def test_rejects_unreadable_version():
     with pytest.raises(DeployError, match="cannot read a version"):
         plan.release_tuple("dev")
+
+
+def test_version_key_orders_release_candidates_before_their_release():
+    ordered = ["1.2.1", "1.3.0rc1", "1.3.0rc12", "1.3.0rc13", "1.3.0rc27", "1.3.0", "1.3.1", "1.4.0.dev2026",
+               "1.4.0rc1", "v1.10.2"]
+    assert sorted(ordered, key=plan.version_key) == ordered
+    assert plan.version_key("1.3.0rc13") > plan.version_key("1.3.0rc9")  # numbers, not text

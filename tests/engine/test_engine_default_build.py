@@ -93,3 +93,29 @@ def test_fp8_engine_is_lossless_against_its_own_quantized_target(engine_dir, dem
     assert not torch.allclose(quantized, plain_logits)  # the FP8 quantizers are really in the loaded model
     dflash, plain = decode_both(engine)
     assert dflash == plain  # DFlash output == the quantized target's own greedy output
+
+
+def test_a_missing_engine_that_is_not_the_default_names_the_command_that_builds_it(tmp_path, capsys):
+    from dflash_trt.cli import main
+
+    missing = tmp_path / "engines" / "qwen3-8b"
+    assert main(["bench-report", "--engine", str(missing), "--no-serving"]) == 2
+    err = capsys.readouterr().err
+    assert f"build it with `dflash-trt engine --model qwen3-8b --out {missing}`" in err
+
+
+@pytest.mark.slow
+def test_the_default_engine_is_built_on_first_use_as_make_demo_does(tmp_path, monkeypatch, demo_drafter):
+    """`make bench` on a fresh clone: ENGINE is the default engines/smollm2-135m, which is not built yet."""
+    from dflash_trt.engine import build
+
+    if demo_drafter is not None:
+        pytest.skip("the repository's demo drafter is missing")
+    monkeypatch.setattr(build, "REPO_ROOT", tmp_path)  # the default engine directory, in a fresh place
+    default = tmp_path / "engines" / "smollm2-135m"
+    lines: list[str] = []
+    assert build.ensure_engine(default, log=lines.append) == default
+    assert (default / "manifest.json").is_file() and "building the default engine first" in lines[0]
+    assert load_engine(default).runtime == "torch"
+    lines.clear()
+    assert build.ensure_engine(default, log=lines.append) == default and lines == []  # built once

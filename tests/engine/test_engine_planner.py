@@ -131,8 +131,8 @@ def test_fp8_weights_halve_the_dense_mlp_of_a_bf16_target():
 
 
 def test_every_gpu_has_a_capacity_and_a_source_note():
-    assert set(GPUS) == {"h200", "b200", "b300"}
-    assert all(spec.memory_bytes > 100 * 2**30 and spec.note for spec in GPUS.values())
+    assert set(GPUS) == {"h100", "h200", "b200", "b300"}
+    assert all(spec.memory_bytes > 75 * 2**30 and spec.note for spec in GPUS.values())
 
 
 def test_plan_command_works_before_any_download(tmp_path, monkeypatch, capsys):

@@ -45,7 +45,8 @@ def test_preset_names_its_pair_and_defaults(name):
 
 def test_gpt_oss_120b_follows_the_latency_recipe():
     preset = load_preset("gpt-oss-120b")
-    assert (preset.ep, preset.quant, preset.kv_dtype, preset.moe_backend) == (1, "mxfp4", "fp8", "TRTLLM")
+    assert (preset.ep, preset.quant, preset.kv_dtype, preset.profile) == (1, "mxfp4", "fp8", "latency")
+    assert preset.moe_backend == "AUTO"  # TRTLLM on its b200, by the GPU rule of engine/moe.py
 
 
 def test_default_preset_is_the_cpu_demo_pair():

@@ -47,7 +47,8 @@ def test_gpt_oss_120b_options_follow_the_schema_and_the_recipe():
                     "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 200000, "attention_backend": "VANILLA"}
     assert (options["tensor_parallel_size"], options["moe_expert_parallel_size"]) == (8, 1)
     assert options["moe_config"] == {"backend": "TRTLLM"}
-    assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.9}
+    assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.9,
+                                          "enable_block_reuse": False}  # the latency profile's
     assert options["cuda_graph_config"] == {"batch_sizes": [1, 2, 4, 8, 16, 32, 64], "enable_padding": True}
 
 
@@ -156,3 +157,16 @@ def test_quantized_checkpoint_for_tensorrt_llm_becomes_the_engine_target(publish
     assert not (out / "target").is_symlink() and "target/model.safetensors" in engine.manifest["files"]
     assert engine.llm_options["model"] == str((out / "target").resolve())
     assert engine.manifest["quant_scheme"].startswith("fp8 weights and activations")
+
+
+def test_a_tensorrt_llm_without_dflash_is_refused_before_checking(monkeypatch, tmp_path):
+    fake = types.ModuleType("tensorrt_llm")
+    fake.__version__ = "1.3.0rc12"  # the last release before DFlash (PR #12794)
+    llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
+    llm_args.TorchLlmArgs = lambda **kwargs: None
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", fake)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", types.ModuleType("tensorrt_llm.llmapi"))
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", llm_args)
+    monkeypatch.setattr(trtllm, "has_module", lambda name: True)
+    with pytest.raises(ConfigError, match="TensorRT-LLM 1.3.0rc12 has no DFlash: it needs >= 1.3.0rc13"):
+        trtllm.check_with_trtllm(options_for("gpt-oss-120b"), tmp_path)

@@ -92,7 +92,12 @@ def test_request_tensors_use_the_ensemble_names_and_types():
     assert {name: t.datatype() for name, t in inputs.items()} == {
         "text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
         "top_k": "INT32", "exclude_input_in_output": "BOOL", "seed": "UINT64", "stop_words": "BYTES"}
-    assert all(t.shape() == [1] for t in inputs.values())
+    assert all(t.shape() == [1, 1] for t in inputs.values())  # TensorRT-LLM's leading batch dimension
+
+
+def test_several_stop_strings_go_as_one_batch_row():
+    inputs = {t.name(): t for t in request_inputs("Hi", Sampling(stop=("\n", "User:")), 3)}
+    assert inputs["stop_words"].shape() == [1, 2]
 
 
 def test_no_seed_and_no_stop_words_send_no_tensors():

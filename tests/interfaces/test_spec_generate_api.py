@@ -94,3 +94,20 @@ def test_from_pretrained_names_a_missing_local_directory(tmp_path):
 
     with pytest.raises(ConfigError, match="not a local drafter directory"):
         DFlashDrafter.from_pretrained(str(tmp_path / "z-lab" / "Qwen3-8B-DFlash-b16"))
+
+
+def test_spec_generate_runs_a_dflash2_drafter_like_the_reference(tmp_path):
+    from reference_dflash import reference_drafter, run_reference
+    from dflash_trt import DFlash2Drafter, DFlashDrafter
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    target = make_tiny_target("qwen3", vocab_size=24, logit_scale=3.0, seed=5)
+    make_tiny_drafter(target.config, tmp_path / "drafter", block_size=4, family="dflash2", seed=3,
+                      sliding_window=5, is_causal=False)
+    draft = DFlashDrafter.from_pretrained(str(tmp_path / "drafter"), dtype="auto", device_map="cpu").eval()
+    assert isinstance(draft, DFlash2Drafter)
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    output = draft.spec_generate(input_ids=prompt, max_new_tokens=17, temperature=0.0, target=target,
+                                 stop_token_ids=None)
+    tokens, _, _ = run_reference(reference_drafter(draft), target, prompt[0].tolist(), 17)
+    assert output[0, prompt.shape[1]:].tolist() == tokens

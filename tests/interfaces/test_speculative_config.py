@@ -113,3 +113,26 @@ def test_engine_rejects_a_block_beyond_the_trained_one(tiny_pair_dir, capsys):
                  "--speculative-config", spec(tiny_pair_dir / "drafter", num_speculative_tokens=15)])
     assert code == 2
     assert "block size 16, beyond the drafter's trained block_size 8" in capsys.readouterr().err
+
+
+def _dflash2_dir(tmp_path, name="drafter"):
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    directory = tmp_path / name
+    make_tiny_drafter(make_tiny_target("llama").config, directory, family="dflash2", block_size=8)
+    return directory
+
+
+def test_dflash2_drafters_run_under_method_dflash_like_vllm(tmp_path):
+    config = parse_speculative_config(spec(_dflash2_dir(tmp_path), num_speculative_tokens=7))
+    assert (config.family, config.block_size) == ("dflash2", 8)
+
+
+def test_method_may_be_omitted_when_the_model_path_says_dflash_like_vllm(tmp_path):
+    directory = _dflash2_dir(tmp_path, "my-DFlash2-drafter")
+    assert parse_speculative_config(json.dumps({"model": str(directory)})).family == "dflash2"
+
+
+def test_method_dflash2_is_refused_with_the_vllm_spelling(tmp_path):
+    with pytest.raises(ConfigError, match='DFlash2 drafters run under method "dflash", as in vLLM'):
+        parse_speculative_config(json.dumps({"method": "dflash2", "model": str(_dflash2_dir(tmp_path))}))

@@ -1,4 +1,4 @@
-"""nvcc compiles and links the CUDA kernels for sm_90 and sm_100 (no GPU needed; skipped without nvcc)."""
+"""nvcc compiles and links the CUDA kernels for sm_90, sm_100 and sm_120 (no GPU needed; skipped without nvcc)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def embedded_architectures(binary) -> set[str]:
 
 
 @pytest.mark.slow
-def test_kernels_compile_for_sm90_and_sm100(kernel_test_binary):
-    assert {"sm_90", "sm_100"} <= embedded_architectures(kernel_test_binary)
+def test_kernels_compile_for_sm90_sm100_and_sm120(kernel_test_binary):
+    # sm_120 (RTX 50 / RTX PRO Blackwell) has the smallest shared memory of the targets (99 KB per CTA).
+    assert {"sm_90", "sm_100", "sm_120"} <= embedded_architectures(kernel_test_binary)
 
 
 @pytest.mark.slow

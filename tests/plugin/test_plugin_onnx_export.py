@@ -59,3 +59,32 @@ def test_graph_io_names_the_caches_and_keeps_batch_and_context_dynamic(exported)
     cache_dims = inputs["cache_k_0"].type.tensor_type.shape.dim
     assert cache_dims[0].dim_param and cache_dims[2].dim_param  # batch and capacity are symbolic
     assert inputs["features"].type.tensor_type.shape.dim[1].dim_param
+
+
+@pytest.mark.slow
+def test_bf16_preset_exports_a_bf16_graph_for_tensorrt(tmp_path):
+    # A bf16 engine's TensorRT drafter must not silently run in fp32 (--stronglyTyped takes the graph's types).
+    from dflash_trt.engine.artifacts.drafter_onnx import export_onnx
+
+    target = make_tiny_target("qwen3", hidden_size=256)
+    drafter_dir = tmp_path / "drafter"
+    make_tiny_drafter(target.config, drafter_dir, num_layers=1)
+    model = onnx.load(str(export_onnx(drafter_dir, tmp_path / "drafter.onnx", "bfloat16", "tensorrt")))
+    bf16 = onnx.TensorProto.BFLOAT16
+    inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    assert inputs["block_embeds"] == bf16 and inputs["cache_k_0"] == bf16
+    assert {o.type.tensor_type.elem_type for o in model.graph.output} == {bf16}
+
+
+def test_dflash2_and_sliding_drafters_are_refused_in_one_line():
+    import pytest as _pytest
+
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.plugin.export import export_drafter
+    from dflash_trt.testing import make_tiny_drafter, tiny_target_config
+
+    for kwargs, words in (({"family": "dflash2"}, "DFlash2DraftModel"), ({"sliding_window": 6}, "sliding-window")):
+        drafter = make_tiny_drafter(tiny_target_config("llama"), **kwargs)
+        with _pytest.raises(ConfigError, match=words) as info:
+            export_drafter(drafter, "unused.onnx")
+        assert "--runtime torch" in str(info.value)

@@ -78,12 +78,28 @@ def test_proposes_the_same_draft_tokens_as_torch(pair, onnx_drafter):
                            onnx_drafter.propose(target, block, features, lens, onnx_cache))
 
 
+def test_shortened_blocks_of_a_ragged_batch_draft_as_torch(pair, onnx_drafter):
+    """The last block of a generation shrinks; rows of one batch can have different block lengths."""
+    _, _, target, drafter, _ = pair
+    torch.manual_seed(2)
+    torch_cache, onnx_cache = drafter.new_cache(3, 48), onnx_drafter.new_cache(3, 48)
+    for block_lens in ([6, 6, 6], [6, 3, 2], [4, 2, 4]):
+        block = torch.randint(0, 255, (3, 6))
+        features = torch.randn(3, 4, drafter.config.num_target_features * 256)
+        lens, block_lens = torch.tensor([4, 2, 3]), torch.tensor(block_lens)
+        expected = drafter.propose(target, block, features, lens, torch_cache, block_lens=block_lens)
+        got = onnx_drafter.propose(target, block, features, lens, onnx_cache, block_lens=block_lens)
+        for row, length in enumerate(block_lens.tolist()):
+            assert torch.equal(expected[row, :length - 1], got[row, :length - 1]), f"row {row}, {length} slots"
+        assert torch.equal(onnx_cache.lens, torch_cache.lens)
+
+
 def test_generate_with_onnx_runtime_is_token_identical_to_torch(pair, onnx_drafter):
     _, _, target, drafter, _ = pair
     prompts = [[5, 17, 33, 2, 90], [7, 8]]
-    params = SamplingParams(max_new_tokens=24)
-    expected = generate(target, drafter, prompts, [params, params])
-    got = generate(target, onnx_drafter, prompts, [params, params])
+    params = [SamplingParams(max_new_tokens=24), SamplingParams(max_new_tokens=21)]  # ragged last blocks
+    expected = generate(target, drafter, prompts, params)
+    got = generate(target, onnx_drafter, prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
     assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in expected]
 

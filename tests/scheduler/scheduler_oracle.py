@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.batch import concat_draft_tensors
 from dflash_trt.drafter import DFlashDrafter, DraftCache
 
 
@@ -24,7 +23,7 @@ class NumberedCache(DraftCache):
         self.sequence_ids = [self.sequence_ids[int(i)] for i in indices]
 
     def concat(self, other):
-        concat_draft_tensors(self, other)
+        super().concat(other)
         self.sequence_ids = self.sequence_ids + other.sequence_ids
 
 
@@ -40,8 +39,8 @@ class JoiningOracle(DFlashDrafter):
         self.next_id += batch_size
         return cache
 
-    def propose(self, target, block, features, ctx_lens, cache):
-        super().propose(target, block, features, ctx_lens, cache)  # keeps the cache bookkeeping real
+    def propose(self, target, block, features, ctx_lens, cache, **kwargs):
+        super().propose(target, block, features, ctx_lens, cache, **kwargs)  # keeps the cache bookkeeping real
         self.calls += 1
         drafts = torch.zeros(block.shape[0], block.shape[1] - 1, dtype=torch.long)
         for row, seq in enumerate(cache.sequence_ids):

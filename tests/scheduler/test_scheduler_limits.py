@@ -133,7 +133,7 @@ def test_a_drafter_exported_for_one_block_size_only_drafts_that_size(pair):
     static.static_block_size = 8  # what an ONNX or TensorRT drafter reports
     shapes = []
     propose = static.propose
-    static.propose = lambda t, block, *rest: shapes.append(block.shape[1]) or propose(t, block, *rest)
+    static.propose = lambda t, block, *rest, **kw: shapes.append(block.shape[1]) or propose(t, block, *rest, **kw)
     assert allowed_block_sizes(static, 8) == [1, 8]
     with pytest.raises(DFlashError, match="exported for block size 8"):
         allowed_block_sizes(static, 4)
@@ -144,6 +144,9 @@ def test_a_drafter_exported_for_one_block_size_only_drafts_that_size(pair):
         scheduler.add_request(prompts[i], SamplingParams(max_new_tokens=11), request_id=i)
     while scheduler.has_unfinished:
         _collect(scheduler.step(), tokens, finals)
-    assert set(shapes) == {8}  # never a shrunk last block
+    # The policy picks only the exported size; only the last blocks shrink to the tokens left (the exported
+    # graph's block length is dynamic up to its size), and a shrunk block is followed by no full one.
+    first_short = next((i for i, width in enumerate(shapes) if width < 8), len(shapes))
+    assert first_short > 0 and set(shapes[:first_short]) == {8} and all(w < 8 for w in shapes[first_short:])
     for i in range(3):
         assert tokens[i] == references[i][:11]

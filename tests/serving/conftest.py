@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+from triton_waits import StepGateControl
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -200,12 +202,30 @@ def served_repo(tiny_engine, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def triton(served_repo, tmp_path_factory):
-    """The real tritonserver on free loopback ports, serving `served_repo` for the whole session."""
+def step_gate_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("step-gate")
+
+
+@pytest.fixture
+def step_gate(step_gate_dir) -> StepGateControl:
+    return StepGateControl(step_gate_dir)
+
+
+@pytest.fixture(scope="session")
+def triton(served_repo, tmp_path_factory, step_gate_dir):
+    """The real tritonserver on free loopback ports, serving `served_repo` for the whole session.
+
+    Its dflash models obey the step gate (open unless a test holds it, see StepGateControl)."""
+    from dflash_trt.serving.cancellation import STEP_GATE_ENV
     from dflash_trt.serving.server import serve_on_free_ports
 
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    with serve_on_free_ports(served_repo, ready_timeout_s=600, log_path=log) as server:
+    os.environ[STEP_GATE_ENV] = str(step_gate_dir)  # tritonserver and its Python stubs inherit it
+    try:
+        server = serve_on_free_ports(served_repo, ready_timeout_s=600, log_path=log)
+    finally:
+        del os.environ[STEP_GATE_ENV]
+    with server:
         yield server
 
 

@@ -84,7 +84,7 @@ def test_aiperf_runs_in_its_own_process_group_and_is_stopped_with_it(tmp_path):
     with pytest.raises(DFlashError, match="status 3"):
         aiperf_bench.run_aiperf([sys.executable, str(script)], {}, tmp_path / "aiperf.log", nice=5)
     grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # generous: only reached when the grandchild was left running
     while time.monotonic() < deadline:
         try:
             os_kill(grandchild)
@@ -113,6 +113,9 @@ def test_heldout_prompts_become_an_interleaved_single_turn_dataset(tmp_path):
         (tmp_path / "prompts" / family).mkdir(parents=True)
         (tmp_path / "prompts" / family / "heldout.jsonl").write_text(
             "".join(json.dumps({"prompt": f"{family} {i}"}) + "\n" for i in range(2)))
+    (tmp_path / "prompts" / "sharegpt-multiturn").mkdir()  # chat messages: not a single_turn prompt
+    (tmp_path / "prompts" / "sharegpt-multiturn" / "heldout.jsonl").write_text(
+        json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
     path = heldout_dataset(tmp_path / "prompts", tmp_path / "out" / "heldout.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == [{"text": "code 0"}, {"text": "math 0"}, {"text": "code 1"}, {"text": "math 1"}]

@@ -93,6 +93,7 @@ def test_end_id_minus_one_runs_without_end_ids(fake_pb, service):
     ({"max_tokens": np.array([0], dtype=np.int32)}, "max_tokens must be in [1, 64]"),
     ({"max_tokens": np.array([100], dtype=np.int32)}, "max_tokens must be in [1, 64]"),
     ({"input_ids": np.array([], dtype=np.int32)}, "input_ids is empty"),
+    ({"end_id": np.array([49152], dtype=np.int32)}, "end_id 49152 is outside the vocabulary [0, 49152)"),
     ({"top_p": np.array([0.0], dtype=np.float32)}, "top_p must be in (0, 1]"),
 ])
 def test_a_bad_request_gets_one_error_response_with_the_final_flag(fake_pb, service, overrides, message):
@@ -102,6 +103,18 @@ def test_a_bad_request_gets_one_error_response_with_the_final_flag(fake_pb, serv
     (response, flags), = req.sender.sent
     assert flags == 1 and message in response.error.message()
     assert service.runtime.steps_run == 0
+
+
+def test_without_a_tokenizer_the_vocabulary_is_the_targets_embedding_rows(fake_pb, tmp_path):
+    from types import SimpleNamespace
+
+    runtime = ScriptedRuntime(tokenizer=None)
+    runtime.target = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=300)))
+    service = DFlashService(fake_pb, runtime, RequestLimits(max_tokens=64, max_context_tokens=128),
+                            DFlashMetrics(fake_pb, "dflash"), fake_pb.Logger, CancelBoard(tmp_path / "board"))
+    req = request(fake_pb, end_id=np.array([300], dtype=np.int32))
+    service.execute([req])
+    assert "end_id 300 is outside the vocabulary [0, 300)" in req.sender.sent[0][0].error.message()
 
 
 def test_a_failure_mid_stream_still_ends_the_stream_with_an_error(fake_pb, service):

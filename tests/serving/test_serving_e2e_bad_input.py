@@ -33,6 +33,8 @@ def is_healthy(triton) -> bool:
     ({"text_input": "hi", "max_tokens": 8, "top_p": 0.0}, "top_p must be in (0, 1]"),
     ({"text_input": "hi", "max_tokens": 8, "top_p": 1.5}, "top_p must be in (0, 1]"),
     ({"text_input": "hi", "max_tokens": 8, "top_k": -2}, "top_k must be >= 0"),
+    ({"text_input": "hi", "max_tokens": 8, "end_id": 49152}, "end_id 49152 is outside the vocabulary [0, 49152)"),
+    ({"text_input": "hi", "max_tokens": 8, "end_id": 10**9}, "end_id 1000000000 is outside the vocabulary"),
 ])
 def test_http_bad_input_is_refused_with_a_clear_message(triton, body, message):
     with pytest.raises(RequestFailed) as failure:
@@ -72,8 +74,8 @@ def test_invalid_utf8_is_refused(triton):
 def test_a_wrong_dtype_is_refused_by_triton(triton):
     stream = GrpcStream(triton.config.grpc_url)
     inputs = grpc_inputs("hi", 8, stream=True)
-    bad = grpcclient.InferInput("max_tokens", [1], "FP32")
-    bad.set_data_from_numpy(np.array([8.0], dtype=np.float32))
+    bad = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    bad.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
     inputs[1] = bad
     try:
         stream.client.async_stream_infer("ensemble", inputs)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 import pytest
+from triton_waits import metric_total, wait_for
 
 from dflash_trt.serving.client import generate, generate_stream
 
@@ -30,6 +30,7 @@ def scrape(triton) -> dict[str, float]:
 
 def test_metrics_are_published_with_the_model_label(triton):
     generate(triton.config.http_url, "hello", 4)
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
     values = scrape(triton)
     for name in ("dflash_requests_in_flight", "dflash_draft_tokens_total", "dflash_accepted_draft_tokens_total",
                  "dflash_spec_steps_total", "dflash_generated_tokens_total", "dflash_acceptance_length_count",
@@ -43,7 +44,8 @@ def test_metrics_agree_with_the_responses(triton):
     answers = [generate(triton.config.http_url, f"count {i}", 5 + 3 * i, exclude_input_in_output=True)
                for i in range(3)]
     answers.append(list(generate_stream(triton.config.http_url, "streamed", 12))[-1])
-    time.sleep(0.5)
+    # The dflash model leaves the in-flight gauge just after its final response: wait for that, not a time.
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
     after = scrape(triton)
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
     drafted = sum(a["total_draft_tokens"] for a in answers)
@@ -56,3 +58,35 @@ def test_metrics_agree_with_the_responses(triton):
     assert delta["dflash_acceptance_length_count"] == steps
     assert delta["dflash_acceptance_length_sum"] == steps + delta["dflash_accepted_draft_tokens_total"]
     assert after["dflash_requests_in_flight"] == 0
+
+
+def test_the_load_time_canary_is_logged_and_exported(triton):
+    values = scrape(triton)
+    rate, tau = values["dflash_canary_acceptance_rate"], values["dflash_canary_acceptance_length"]
+    assert 0.0 <= rate <= 1.0 and 1.0 <= tau <= BLOCK_SIZE
+    lines = [line for line in triton.log.splitlines() if "dflash canary:" in line]
+    assert len(lines) == 2  # one per dflash instance of the served repository
+    assert all(f"block_size {BLOCK_SIZE}" in line for line in lines)
+
+
+def test_time_to_first_token_is_observed_once_per_request_and_gaps_per_later_release(triton):
+    before = scrape(triton)
+    streamed = list(generate_stream(triton.config.http_url, "latency", 12))
+    generate(triton.config.http_url, "latency too", 6)
+    time.sleep(0.5)
+    after = scrape(triton)
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert delta["dflash_time_to_first_token_seconds_count"] == 2
+    releases = len([chunk for chunk in streamed if chunk["text_output"]])
+    assert delta["dflash_inter_token_latency_seconds_count"] >= releases - 1
+    assert delta["dflash_time_to_first_token_seconds_sum"] > 0
+
+
+def test_triton_exports_the_metrics_the_chart_alerts_on(triton):
+    from dflash_trt.serving.metrics import TRITON_METRICS
+
+    generate(triton.config.http_url, "hello", 2)
+    with urllib.request.urlopen(triton.config.metrics_url, timeout=10) as response:
+        page = response.read().decode()
+    for name in TRITON_METRICS:
+        assert re.search(rf'^{name}\{{[^}}]*model="(ensemble|dflash)"', page, re.M), name

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -55,11 +54,10 @@ def test_serves_a_trivial_python_model_and_stops_cleanly(tmp_path, server_config
 
 def test_load_failure_reports_the_models_error_without_waiting(tmp_path, server_config):
     repo = make_repo(tmp_path, "broken", "import module_that_does_not_exist\n")
-    start = time.monotonic()
-    with pytest.raises(ServerError, match="module_that_does_not_exist"):
-        with TritonServer(server_config(repo, ready_timeout_s=180)):
+    # The headline tells the load error seen in the log apart from the ready timeout running out.
+    with pytest.raises(ServerError, match="a model failed to load(.|\n)*module_that_does_not_exist"):
+        with TritonServer(server_config(repo, ready_timeout_s=600)):
             pass
-    assert time.monotonic() - start < 30
 
 
 def test_gives_up_after_the_ready_timeout_and_stops_the_server(tmp_path, server_config):

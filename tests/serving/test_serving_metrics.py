@@ -5,7 +5,9 @@ from __future__ import annotations
 from dflash_trt.serving.metrics import ACCEPTANCE_BUCKETS, DFlashMetrics
 
 NAMES = {"dflash_requests_in_flight", "dflash_acceptance_length", "dflash_draft_tokens_total",
-         "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total"}
+         "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total",
+         "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length",
+         "dflash_time_to_first_token_seconds", "dflash_inter_token_latency_seconds"}
 
 
 def test_declares_the_metric_names_of_the_project_labelled_by_model(fake_pb):
@@ -33,3 +35,26 @@ def test_in_flight_goes_up_and_down(fake_pb):
     metrics.request_started()
     metrics.request_finished()
     assert metrics.in_flight.value == 1
+
+
+def test_the_canary_sets_its_two_gauges(fake_pb):
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    metrics.canary(0.25, 2.75)
+    assert metrics.families["dflash_canary_acceptance_rate"].kind == "gauge"
+    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == 0.25
+    assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == 2.75
+
+
+def test_a_request_clock_gives_time_to_first_token_then_inter_token_gaps(fake_pb):
+    from dflash_trt.serving.metrics import RequestClock
+
+    ticks = iter([10.0, 10.5, 10.75, 11.75])  # start, then the three releases (a step without one reads no time)
+    clock = RequestClock(now=lambda: next(ticks))
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    metrics.step(None, 0, 1, clock)
+    metrics.step(3, 7, 0, clock)  # a step that released nothing (a stop word held back) is not a release
+    metrics.step(3, 7, 3, clock)
+    metrics.step(1, 7, 1, clock)
+    assert metrics.latency["dflash_time_to_first_token_seconds"].observations == [0.5]
+    assert metrics.latency["dflash_inter_token_latency_seconds"].observations == [0.25, 1.0]
+    assert all(m.buckets for m in metrics.latency.values())

@@ -7,13 +7,16 @@ to add nothing and lose nothing; errors, stop strings, streaming and client disc
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
+import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+
+from triton_waits import metric_total, steps_until_idle, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +26,17 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 @pytest.fixture(scope="module")
-def gateway(triton, tmp_path_factory):
+def gateway_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gateway") / "gateway.log"
+
+
+@pytest.fixture(scope="module")
+def gateway(triton, gateway_log):
     """`dflash-trt openai` in a child process in front of the session's Triton; yields its /v1 URL."""
     from dflash_trt.serving.server import free_ports
 
     port = free_ports(1)[0]
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    log = gateway_log
     with open(log, "w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "dflash_trt.cli", "openai", "--triton-grpc", triton.config.grpc_url,
@@ -174,48 +182,59 @@ def test_bad_json_and_unknown_routes_get_openai_error_bodies(gateway):
     assert missing.status_code == 404 and "error" in missing.json()
 
 
-def metric_total(triton, name: str) -> float:
-    with urllib.request.urlopen(triton.config.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    return sum(float(value) for value in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
-
-
-def wait_until_idle(triton, timeout_s: float = 30.0) -> float:
-    """Seconds until no request is in flight in the dflash model."""
-    start = time.monotonic()
-    while metric_total(triton, "dflash_requests_in_flight") > 0:
-        if time.monotonic() - start > timeout_s:
-            pytest.fail("a request is still in flight")
-        time.sleep(0.1)
-    return time.monotonic() - start
+def wait_until_idle(triton) -> None:
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
 
 
 LONG = 256  # the repository's max_tokens limit: far more than a cancelled request may generate
 
 
-def test_closing_a_stream_cancels_the_generation_in_triton(gateway, triton):
+def cancellations_logged(log: Path) -> int:
+    from dflash_trt.gateway.app import CANCELLED_LOG
+
+    return log.read_text().count(CANCELLED_LOG)
+
+
+def held_after_its_first_step(triton, tokens_before: float) -> None:
+    """The request's prefill step is done and its generation waits at the held gate."""
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 1
+             and metric_total(triton, "dflash_generated_tokens_total") > tokens_before, "the first step")
+
+
+def test_closing_a_stream_stops_the_generation_within_one_step(gateway, gateway_log, triton, step_gate):
+    """Decoding waits at the gate after the first step, so the count below does not depend on speed:
+    once the gateway saw the disconnect, at most the one step that carries the cancellation to the
+    postprocessing model (Triton tells the running dflash step nothing) is computed."""
     import httpx
 
     wait_until_idle(triton)
-    before = metric_total(triton, "dflash_generated_tokens_total")
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
-    with httpx.stream("POST", gateway + "/completions", json=body, timeout=60) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-    wait_until_idle(triton)
-    assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
+    cancelled = cancellations_logged(gateway_log)
+    with step_gate.holding():
+        tokens = metric_total(triton, "dflash_generated_tokens_total")
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
+        with httpx.stream("POST", gateway + "/completions", json=body, timeout=60) as response:
+            assert next(line for line in response.iter_lines() if line.startswith("data:"))
+            held_after_its_first_step(triton, tokens)
+        wait_for(lambda: cancellations_logged(gateway_log) > cancelled, "the gateway to cancel the generation")
+        assert steps_until_idle(triton, step_gate) <= 1
 
 
-def test_a_non_streaming_client_that_gives_up_cancels_the_generation(gateway, triton):
-    import httpx
-
+def test_a_non_streaming_client_that_gives_up_stops_the_generation_within_one_step(gateway, gateway_log, triton,
+                                                                                   step_gate):
+    """A client waiting for a whole answer closes its connection while no token reaches the gateway
+    (decoding is held): the gateway must notice the disconnect itself, not at the next piece."""
     wait_until_idle(triton)
-    before = metric_total(triton, "dflash_generated_tokens_total")
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(gateway + "/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
-    wait_until_idle(triton)
-    assert metric_total(triton, "dflash_generated_tokens_total") - before < LONG / 2
+    cancelled = cancellations_logged(gateway_log)
+    port = int(gateway.rsplit(":", 1)[1].split("/")[0])
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "temperature": 0}).encode()
+    with step_gate.holding():
+        tokens = metric_total(triton, "dflash_generated_tokens_total")
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            held_after_its_first_step(triton, tokens)
+        wait_for(lambda: cancellations_logged(gateway_log) > cancelled, "the gateway to cancel the generation")
+        assert steps_until_idle(triton, step_gate) <= 1
 
 
 def test_serve_with_openai_port_runs_the_gateway_beside_triton_and_stops_both(tiny_engine, client, tmp_path):

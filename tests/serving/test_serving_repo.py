@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serving.repo import MODELS, RepoConfig, pbtxt_string, render_repository
+from dflash_trt.serving.repo import ENSEMBLES, MODELS, RepoConfig, pbtxt_string, render_repository
 from dflash_trt.serving.requests import INPUTS, OUTPUTS
 
 TYPE = model_config_pb2.DataType.Name
@@ -24,19 +24,39 @@ def repo(tiny_engine, tmp_path_factory):
     template.write_text('Q: "{{ messages[0][\'content\'] }}"\\n\nA:')
     render_repository(RepoConfig(tiny_engine, out, chat_template=str(template), dflash_instances=3,
                                  max_queue_size=5, queue_timeout_us=2_000_000, max_tokens_limit=100))
-    return out, {name: load_config(out / name / "config.pbtxt") for name in MODELS}, template
+    return out, {name: load_config(out / name / "config.pbtxt") for name in RENDERED}, template
+
+
+RENDERED = [*MODELS[:-1], *ENSEMBLES]
+# TensorRT-LLM's triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt: every tensor the two
+# ensembles share has dims [1] there, except these (and its max_batch_size is > 0).
+TRTLLM_DIMS = {"stop_words": [-1], "text_output": [-1]}
 
 
 def test_renders_the_four_models_with_their_code(repo):
     out, configs, _ = repo
-    assert sorted(p.name for p in out.iterdir()) == sorted(MODELS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(RENDERED)
     for name in ("preprocessing", "dflash", "postprocessing"):
         assert (out / name / "1" / "model.py").is_file()
-    assert (out / "ensemble" / "1").is_dir()
+    for name in ENSEMBLES:
+        assert (out / name / "1").is_dir()
 
 
-def test_the_ensemble_exposes_exactly_the_tensorrt_llm_contract(repo):
-    ensemble = repo[1]["ensemble"]
+def test_the_ensemble_has_tensorrt_llms_batch_dimension_and_dims_and_the_unbatched_one_todays(repo):
+    configs = repo[1]
+    batched, unbatched = configs["ensemble"], configs["ensemble_unbatched"]
+    assert (batched.name, batched.max_batch_size) == ("ensemble", 1)
+    for tensor in [*batched.input, *batched.output]:
+        assert list(tensor.dims) == TRTLLM_DIMS.get(tensor.name, [1]), tensor.name
+    assert (unbatched.name, unbatched.max_batch_size) == ("ensemble_unbatched", 0)
+    dims = {t.name: list(t.dims) for t in [*unbatched.input, *unbatched.output]}
+    assert dims == {**{name: [1] for name in dims}, "stop_words": [-1]}
+    assert unbatched.ensemble_scheduling == batched.ensemble_scheduling
+
+
+@pytest.mark.parametrize("name", ENSEMBLES)
+def test_the_ensemble_exposes_exactly_the_tensorrt_llm_contract(repo, name):
+    ensemble = repo[1][name]
     inputs = {t.name: (TYPE(t.data_type), t.optional) for t in ensemble.input}
     assert inputs == {name: (spec[1], not spec[2]) for name, spec in INPUTS.items()}
     assert {t.name: TYPE(t.data_type) for t in ensemble.output} == OUTPUTS

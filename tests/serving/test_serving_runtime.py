@@ -47,3 +47,29 @@ def test_a_tensorrt_drafter_is_refused_with_what_it_needs():
     engine = SimpleNamespace(drafter=None, runtime="tensorrt", directory=Path("engines/x"))
     with pytest.raises(DFlashError, match="needs TensorRT on a GPU"):
         _drafter(engine)
+
+
+def test_an_engine_without_tokenizer_serves_token_ids_and_refuses_text_clearly(tmp_path):
+    """A Qwen3 target saved without tokenizer files: no tokenizer is invented for the engine, its
+    default end ids come from the model's configs (none here), its vocabulary from the embedding."""
+    import yaml
+
+    from dflash_trt.engine.build import BuildRequest, build_engine
+    from dflash_trt.serving.runtime import tokenizer_for, vocabulary_size
+    from dflash_trt.target import has_tokenizer
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    target = make_tiny_target("qwen3", tmp_path / "target", vocab_size=16, seed=2)
+    make_tiny_drafter(target.config, tmp_path / "drafter", block_size=4)
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(yaml.safe_dump({"name": "tiny", "target": {"id": "test/tiny-qwen3"},
+                                      "drafter": {"id": "test/tiny-drafter"}, "block_size": 4,
+                                      "dtype": "float32", "max_seq_len": 256, "max_batch_size": 1}))
+    engine = tmp_path / "engine"
+    build_engine(BuildRequest(model=str(preset), target=tmp_path / "target", drafter=tmp_path / "drafter",
+                              out=engine), log=lambda _line: None)
+    runtime = open_runtime(engine, num_threads=1)
+    assert runtime.tokenizer is None and runtime.default_end_ids == () and vocabulary_size(runtime) == 16
+    assert not has_tokenizer(engine / "target")
+    with pytest.raises(DFlashError, match="the target has no tokenizer"):
+        tokenizer_for(engine)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from dflash_trt.serving.server import free_ports
@@ -46,7 +45,6 @@ def test_serves_until_sigterm_and_says_where_it_listens(tmp_path):
     try:
         line = process.stdout.readline()
         assert line.startswith("Triton is ready: HTTP http://127.0.0.1:"), line + process.stderr.read()
-        time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:

@@ -51,3 +51,11 @@ def test_text_that_may_start_a_stop_word_is_held_back(smollm2_tokenizer):
     ids = smollm2_tokenizer.encode("hi User", add_special_tokens=False)
     released = [t for i in ids for t in matcher.push(i)]
     assert decode(smollm2_tokenizer, released) == "hi"
+
+
+def test_stop_words_without_a_tokenizer_are_a_clear_request_error():
+    from dflash_trt.serving.requests import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="no tokenizer"):
+        StopMatcher(None, ["User:"])
+    assert StopMatcher(None, []).push(7) == [7]

@@ -68,4 +68,7 @@ def test_train_drafter_imports_the_presets_committed_answers_unless_told_otherwi
     main(["train-drafter", "--stages", "answers", "--target", "my-model", "--answers-from", "mine"])
     committed = pipeline.PRESETS["smollm2-135m"]["answers"]
     assert [c.answers_from for c in seen] == [committed, None, None, "mine"]
-    assert len(read_answers(REPO / committed)) == seen[0].max_prompts  # every training prompt is answered there
+    # Every training prompt is in the preset's prompt count, and the template prompts are all answered.
+    assert seen[0].max_prompts == len(ordered_prompts(str(REPO / "data" / "prompts"), 10**6, 0))
+    templates = read_answers(REPO / committed.split(",")[0])
+    assert [r["idx"] for r in templates] == list(range(5804))

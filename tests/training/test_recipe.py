@@ -1,5 +1,6 @@
 """The masked training forward must equal the drafter's cache-based inference forward, block by block."""
 
+import pytest
 import torch
 
 from dflash_trt.testing import make_tiny_drafter, tiny_target_config
@@ -14,9 +15,9 @@ def _sample(length, prompt_len, kd, vocab, seed):
             "features": torch.randn(length, kd, generator=g).to(torch.bfloat16)}
 
 
-def _setup():
+def _setup(family="dflash"):
     cfg = tiny_target_config("llama")
-    drafter = make_tiny_drafter(cfg, block_size=BLOCK, num_layers=2)
+    drafter = make_tiny_drafter(cfg, block_size=BLOCK, num_layers=2, family=family)
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
     kd = drafter.config.num_target_features * cfg.hidden_size
     samples = [_sample(20, 6, kd, cfg.vocab_size, 1), _sample(13, 5, kd, cfg.vocab_size, 2)]
@@ -25,8 +26,9 @@ def _setup():
     return drafter, embed, samples, anchors, batch
 
 
-def test_training_forward_matches_cached_inference_per_block():
-    drafter, embed, samples, anchors, batch = _setup()
+@pytest.mark.parametrize("family", ["dflash", "dflash2"])
+def test_training_forward_matches_cached_inference_per_block(family):
+    drafter, embed, samples, anchors, batch = _setup(family)
     with torch.no_grad():
         states = drafter_block_states(drafter, embed, batch)
         for b, (s, a) in enumerate(zip(samples, anchors)):

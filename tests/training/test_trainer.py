@@ -134,3 +134,31 @@ def test_samples_that_appear_while_training_are_picked_up_next(tmp_path):
     trainer.cfg.max_steps = 2
     trainer.run()
     assert polls[1] == {0, 1, 2, 3, 4} and trainer.order[-1] == 3  # sample 4 was trained on, then nothing new
+
+
+def test_dflash2_training_starts_as_dflash_and_learns(tmp_path):
+    from dflash_trt.drafters import DFlash2Drafter, DFlashDrafter
+    from dflash_trt.training.recipe import build_batch, drafter_block_states
+
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    trainer = _trainer(tmp_path, model, samples, arch="dflash2", conv_group_size=16, selector_rank=8,
+                       selector_top_k=4, max_steps=3)
+    drafter = trainer.drafter
+    assert isinstance(drafter, DFlash2Drafter)
+    # Identity convolutions and a zero successor codebook: the same states and scores as DFlash.
+    plain = DFlashDrafter(trainer.drafter.config)
+    plain.load_state_dict({k: v for k, v in drafter.state_dict().items() if k in plain.state_dict()})
+    batch = build_batch(samples, [torch.tensor([6, 10])] * 3, 4, 255, gamma=4.0)
+    with torch.no_grad():
+        torch.testing.assert_close(drafter_block_states(drafter, model.get_input_embeddings().weight, batch),
+                                   drafter_block_states(plain, model.get_input_embeddings().weight, batch))
+    assert drafter.candidate_selector.successor_codebook.abs().max() == 0
+    losses = [trainer.train_step()["loss"] for _ in range(30)]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert drafter.candidate_selector.successor_codebook.abs().max() > 0  # the selector learns too
+    trainer.run()
+    loaded = load_drafter(tmp_path / "run" / "drafter")
+    config = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
+    assert isinstance(loaded, DFlash2Drafter) and config["architectures"] == ["DFlash2DraftModel"]
+    assert config["dflash_config"]["selector_top_k"] == 4 and config["dflash_config"]["block_size"] == 4

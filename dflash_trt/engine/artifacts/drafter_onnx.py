@@ -19,8 +19,21 @@ PLAN_NAME = "drafter.plan"
 TRT_PLUGIN_TARGET = "dflash_attention_trt"
 
 
-def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32") -> Path:
-    """Export with float32 values unless the engine is float16 (onnxruntime/numpy have no bfloat16)."""
+# trtexec's switch for TensorRT's PreviewFeature::kALIASED_PLUGIN_IO_10_03: without it the plugin's cache outputs are
+# not aliased to its cache inputs and every call copies both caches at full capacity.
+ALIASED_PLUGIN_IO = "--preview=+aliasedPluginIO1003"
+
+
+def export_dtype(dtype: str, runtime: str = "onnx") -> str:
+    """Value dtype of the exported graph: the engine's own for TensorRT (bf16 presets stay bf16); for onnxruntime
+    float16 or float32 (onnxruntime's CPU op and numpy have no bfloat16)."""
+    if runtime == "tensorrt" and dtype in ("bfloat16", "float16"):
+        return dtype
+    return "float16" if dtype == "float16" else "float32"
+
+
+def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32", runtime: str = "onnx") -> Path:
+    """Export the drafter in export_dtype(dtype, runtime)."""
     import torch
 
     try:
@@ -28,7 +41,7 @@ def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32") -> Path:
     except ImportError:
         raise StepUnavailable("drafter-onnx", "the drafter ONNX exporter (dflash_trt.plugin.export), which is not "
                               "yet available in this version", "build with --runtime torch meanwhile") from None
-    export_drafter_onnx(drafter_dir, out, dtype=torch.float16 if dtype == "float16" else torch.float32)
+    export_drafter_onnx(drafter_dir, out, dtype=getattr(torch, export_dtype(dtype, runtime)))
     if not out.is_file():
         raise DFlashError(f"the ONNX exporter did not write {out}")
     return out
@@ -43,16 +56,18 @@ def plugin_library() -> Path:
 def shape_profile(config: DrafterConfig, max_batch_size: int, max_seq_len: int) -> dict[str, list[str]]:
     """trtexec min/opt/max shapes of the exported graph's inputs (names and layout of plugin.export).
 
-    Dynamic: batch B, new context rows C (1 after a verify step, up to a whole prompt at prefill) and the
-    cache capacity Cmax (the runtime allocates max_seq_len rows). The block S is fixed by the export.
+    Dynamic: batch B, new context rows C (1 after a verify step, up to a whole prompt at prefill), the
+    cache capacity Cmax (the runtime allocates max_seq_len rows) and the block S (2 up to the trained block:
+    the last block of a generation shrinks to the tokens that remain).
     """
     s, d, k = config.block_size, config.hidden_size, config.num_target_features
     hkv, dh = config.num_key_value_heads, config.head_dim
-    sizes = {"min": (1, 1, 1), "opt": (min(8, max_batch_size), s, max_seq_len),
-             "max": (max_batch_size, max_seq_len, max_seq_len)}
+    sizes = {"min": (1, 1, 1, min(2, s)), "opt": (min(8, max_batch_size), s, max_seq_len, s),
+             "max": (max_batch_size, max_seq_len, max_seq_len, s)}
     profile = {}
-    for name, (b, c, cmax) in sizes.items():
-        shapes = [f"block_embeds:{b}x{s}x{d}", f"features:{b}x{c}x{k * d}", f"cache_lens:{b}", f"ctx_lens:{b}"]
+    for name, (b, c, cmax, block) in sizes.items():
+        shapes = [f"block_embeds:{b}x{block}x{d}", f"features:{b}x{c}x{k * d}", f"cache_lens:{b}",
+                  f"ctx_lens:{b}"]
         shapes += [f"cache_{kv}_{i}:{b}x{hkv}x{cmax}x{dh}" for i in range(config.num_hidden_layers) for kv in "kv"]
         profile[name] = shapes
     return profile
@@ -61,7 +76,7 @@ def shape_profile(config: DrafterConfig, max_batch_size: int, max_seq_len: int) 
 def trtexec_command(onnx: Path, plan: Path, library: Path, profile: dict[str, list[str]]) -> list[str]:
     # TensorRT 10+/11 networks are strongly typed: precisions come from the ONNX graph, not builder flags.
     return ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}", "--stronglyTyped", f"--dynamicPlugins={library}",
-            *(f"--{name}Shapes={','.join(shapes)}" for name, shapes in profile.items())]
+            ALIASED_PLUGIN_IO, *(f"--{name}Shapes={','.join(shapes)}" for name, shapes in profile.items())]
 
 
 def build_plan(onnx: Path, plan: Path, config: DrafterConfig, max_batch_size: int, max_seq_len: int) -> Path:

@@ -1,8 +1,8 @@
 """The trtllm runtime's artifact: TensorRT-LLM LLM-API options (YAML) with native DFlash speculation.
 
 The file is the `--config` of `trtllm-serve <target>` and the keyword arguments of `LLM(model=<target>,
-**options)`; the target path itself lives in the manifest. TensorRT-LLM >= 1.3 builds nothing ahead of
-time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
+**options)`; the target path itself lives in the manifest. TensorRT-LLM (>= MIN_TRTLLM_VERSION, the first release with DFlash) builds nothing
+ahead of time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
 needs TensorRT-LLM here is checking the options against the installed version.
 """
 
@@ -15,15 +15,22 @@ from ...config import DrafterConfig
 from ...errors import ConfigError
 from ..arch import TargetArch
 from ..needs import StepUnavailable, has_module
+from ..moe import BLACKWELL, resolve_moe
 from ..presets import Preset
-from .trtllm_schema import TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
+from ..recipes import apply_profile, profile_sources
+from .trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
-BLACKWELL = ("b200", "b300")
 
 
-def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path) -> dict[str, Any]:
-    """LLM-API keyword arguments for the pair (field names of TensorRT-LLM TRTLLM_VERSION)."""
+def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path,
+                   target_path: Path | None = None) -> dict[str, Any]:
+    """LLM-API keyword arguments for the pair (field names of TensorRT-LLM TRTLLM_VERSION).
+
+    The MoE backend and EP follow the GPU rule of engine/moe.py; the preset's profile adds NVIDIA's
+    recipe settings (engine/recipes.py).
+    """
+    preset = resolve_moe(preset, arch)
     if preset.draft_attention_backend != "VANILLA" and preset.gpu not in BLACKWELL:
         raise ConfigError(f"draft_attention_backend {preset.draft_attention_backend} needs a Blackwell GPU "
                           f"(b200, b300), the plan is for {preset.gpu}; use VANILLA")
@@ -54,27 +61,38 @@ def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, dra
     if arch.is_moe:
         options["moe_expert_parallel_size"] = preset.ep
         options["moe_config"] = {"backend": preset.moe_backend}
+    apply_profile(options, preset.profile)
+    if options.get("num_postprocess_workers") and target_path is not None:
+        options["postprocess_tokenizer_dir"] = str(target_path)  # the workers detokenize with the target's
     problems = schema_problems(options)
     if problems:  # a bug here, not a user error: the options must always fit the schema
         raise AssertionError(f"trtllm options break the {TRTLLM_VERSION} schema: {problems}")
     return options
 
 
-def write_options(options: dict[str, Any], path: Path, target: str) -> None:
+def write_options(options: dict[str, Any], path: Path, target: str, profile: str = "none") -> None:
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# TensorRT-LLM LLM-API options (fields of TensorRT-LLM {TRTLLM_VERSION}, {TRTLLM_SOURCE}).\n"
               f"# Serve: trtllm-serve {target} --backend pytorch --config {path.name}\n")
+    if profile != "none":
+        header += f"# Profile {profile}, NVIDIA/TensorRT-LLM recipe settings:\n"
+        header += "".join(f"#   {line}\n" for line in profile_sources(profile))
     path.write_text(header + yaml.safe_dump(options, sort_keys=False))
 
 
 def check_with_trtllm(options: dict[str, Any], target: Path) -> str:
     """Validate the options with the installed TensorRT-LLM; returns its version."""
     if not has_module("tensorrt_llm"):
-        raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {TRTLLM_VERSION.split('rc')[0]}")
+        raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}")
     import tensorrt_llm
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    from ...deploy.plan import version_key
+
+    if version_key(tensorrt_llm.__version__) < version_key(MIN_TRTLLM_VERSION):
+        raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} has no DFlash: it needs >= {MIN_TRTLLM_VERSION}")
 
     try:
         TorchLlmArgs(model=str(target), **options)

@@ -14,6 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 TRTLLM_VERSION = "1.3.0rc27"
+# The first release with DFlashDecodingConfig, DFlash on gpt-oss included: DFlash entered TensorRT-LLM with
+# NVIDIA/TensorRT-LLM PR #12794 ("Support DFlash in one-model spec dec", merged late April 2026, with gpt-oss-20b
+# accuracy tests), after the 1.3.0rc12 tag; 1.3.0rc13 is the next release. Used by `check-runtime`, the GPU
+# image build (deploy/docker/gpu.Dockerfile) and the docs.
+MIN_TRTLLM_VERSION = "1.3.0rc13"
 TRTLLM_SOURCE = "tensorrt_llm/llmapi/llm_args.py"
 
 INT, FLOAT, BOOL, STR = "int", "float", "bool", "str"
@@ -31,6 +36,11 @@ SCHEMA: dict[str, Any] = {
     "trust_remote_code": BOOL,
     "enable_attention_dp": BOOL,
     "disable_overlap_scheduler": BOOL,
+    "stream_interval": INT,
+    "num_postprocess_workers": INT,
+    "postprocess_tokenizer_dir": STR,
+    # Environment set before the workers start (NVIDIA's gpt-oss configs set TRTLLM_ENABLE_PDL with it).
+    "env_overrides": {"TRTLLM_ENABLE_PDL": ("0", "1")},
     "kv_cache_config": {  # KvCacheConfig
         "dtype": ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_ds_mla", "nvfp4"),
         "free_gpu_memory_fraction": FLOAT,

@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dflash_trt.serving import dflash_service, requests, triton_io
+from dflash_trt.serving import canary, dflash_service, requests, triton_io
 from dflash_trt.serving.metrics import DFlashMetrics
 from dflash_trt.scheduler import SchedulerLimits
 from dflash_trt.serving.runtime import default_num_threads, open_runtime
@@ -25,7 +25,9 @@ class TritonPythonModel:
     device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = the usable cores divided among the
     instances), block_size (0 = the engine's, 1 = plain decoding), block_policy ("adaptive" or "fixed"),
     max_batch_sequences, max_kv_tokens, prefill_chunk_tokens (the in-flight batch of each instance;
-    see dflash_trt/scheduler.py). Every request Triton hands to one execute joins the batch.
+    see dflash_trt/scheduler.py), canary_tokens (length of the load-time canary generation whose acceptance
+    is logged and exported, see dflash_trt/serving/canary.py; 0 = off). Every request Triton hands to one
+    execute joins the batch.
     Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.
     """
 
@@ -55,6 +57,8 @@ class TritonPythonModel:
                                block_size=triton_io.int_parameter(params, "block_size", 0, name),
                                block_policy=params.get("block_policy") or "adaptive", limits=scheduler_limits)
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
+        canary_tokens = triton_io.int_parameter(params, "canary_tokens", canary.DEFAULT_CANARY_TOKENS, name)
+        canary.check_at_load(runtime, canary_tokens, self.metrics, pb_utils.Logger)
         self.service = dflash_service.DFlashService(pb_utils, runtime, limits, self.metrics, pb_utils.Logger)
 
     def execute(self, requests_):

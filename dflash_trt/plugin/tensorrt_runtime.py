@@ -1,0 +1,131 @@
+"""The `tensorrt` runtime's drafter: drafter.plan (trtexec, with the plugin library) run by TensorRT's Python API.
+
+`TensorRTDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), like
+`OnnxDrafter`. The caches are torch tensors on the device; the plugin's cache outputs are bound to the same memory
+as its cache inputs, so with aliased plugin I/O (trtexec --preview=+aliasedPluginIO1003, which the engine builder
+passes) a call updates them in place and copies nothing. It runs on torch's current stream with execute_async_v3.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from ..config import DrafterConfig
+from ..errors import DFlashError
+from .export import cache_names
+from .ragged_blocks import propose_by_length
+
+INPUTS = ("block_embeds", "features", "cache_lens", "ctx_lens")
+
+
+def _torch_dtype(trt, trt_type) -> torch.dtype:
+    types = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.BF16: torch.bfloat16,
+             trt.DataType.INT32: torch.int32}
+    if trt_type not in types:
+        raise DFlashError(f"drafter.plan: unsupported tensor type {trt_type}")
+    return types[trt_type]
+
+
+class TensorRTDraftCache:
+    """Context K/V of every draft layer, [B, Hkv, capacity, Dh] tensors on the device, plus lens [B] (int64)."""
+
+    def __init__(self, config: DrafterConfig, batch_size: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        shape = (batch_size, config.num_key_value_heads, capacity, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.lens = torch.zeros(batch_size, dtype=torch.int64, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep only the sequences at `indices` (finished sequences leave the batch)."""
+        indices = indices.to(self.lens.device)
+        self.k = [t[indices] for t in self.k]
+        self.v = [t[indices] for t in self.v]
+        self.lens = self.lens[indices]
+
+    def part(self, indices: torch.Tensor) -> "TensorRTDraftCache":
+        """A copy holding the sequences at `indices` only (write it back with `update`)."""
+        part = copy.copy(self)
+        part.select(indices)
+        return part
+
+    def update(self, indices: torch.Tensor, part: "TensorRTDraftCache") -> None:
+        indices = indices.to(self.lens.device)
+        for whole, new in zip(self.k + self.v, part.k + part.v):
+            whole[indices] = new
+        self.lens[indices] = part.lens
+
+
+class TensorRTDrafter:
+    """A drafter engine (drafter.plan) with the DFlashAttention plugin, run by TensorRT on one device."""
+
+    def __init__(self, plan_path: str | Path, config: DrafterConfig, plugin_library: str | Path | None = None,
+                 device: torch.device | str = "cuda"):
+        try:
+            import tensorrt as trt
+        except ImportError:
+            raise DFlashError("the tensorrt runtime needs TensorRT's Python package (`tensorrt`)") from None
+        from .build import TRT_TARGET, library_path
+
+        library = Path(plugin_library) if plugin_library else library_path(TRT_TARGET)
+        if not library.is_file():
+            raise DFlashError(f"the TensorRT plugin library {library} is missing (`make plugins TENSORRT_ROOT=...`)")
+        self._trt = trt
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        trt.get_plugin_registry().load_library(str(library))
+        self._runtime = trt.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(Path(plan_path).read_bytes())
+        if self.engine is None:
+            raise DFlashError(f"{plan_path}: TensorRT could not deserialize the drafter engine")
+        self.context = self.engine.create_execution_context()
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = _torch_dtype(trt, self.engine.get_tensor_dtype("block_embeds"))
+        self._cache_inputs = cache_names(config.num_hidden_layers)
+        self._cache_outputs = cache_names(config.num_hidden_layers, "_out")
+
+    def new_cache(self, batch_size: int, capacity: int) -> TensorRTDraftCache:
+        return TensorRTDraftCache(self.config, batch_size, capacity, self.dtype, self.device)
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+
+    def __call__(self, block_embeds: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
+                 cache: TensorRTDraftCache) -> torch.Tensor:
+        """One draft forward (same contract as DFlashDrafter.forward); returns hidden [B,S,D] in the engine dtype."""
+        if cache.capacity < int((cache.lens + ctx_lens.to(cache.lens.device)).max()):
+            raise ValueError("draft cache too small for the context")
+        batch, block, hidden_size = block_embeds.shape
+        feeds = {"block_embeds": block_embeds.to(self.device, self.dtype).contiguous(),
+                 "features": features.to(self.device, self.dtype).contiguous(),
+                 "cache_lens": cache.lens.to(self.device, torch.int32),
+                 "ctx_lens": ctx_lens.to(self.device, torch.int32)}
+        caches = [t for pair in zip(cache.k, cache.v) for t in pair]
+        hidden = torch.empty(batch, block, hidden_size, dtype=self.dtype, device=self.device)
+        for name, tensor in [*feeds.items(), *zip(self._cache_inputs, caches)]:
+            self.context.set_input_shape(name, tuple(tensor.shape))
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        self.context.set_tensor_address("hidden", hidden.data_ptr())
+        for name, tensor in zip(self._cache_outputs, caches):  # in place: outputs bound to the inputs' memory
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        if not self.context.execute_async_v3(self._stream()):
+            raise DFlashError("TensorRT failed to run the drafter engine")
+        cache.lens = cache.lens + ctx_lens.to(cache.lens.device)
+        return hidden
+
+    @torch.inference_mode()
+    def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
+                cache: TensorRTDraftCache, block_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose (ragged blocks by length)."""
+        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
+
+    def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
+        hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
+        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)

@@ -1,0 +1,137 @@
+"""The load-time canary (canary.py): measured on a pair whose drafter is perfect and on a deliberately
+useless one, in process and on the real tritonserver.
+
+The pair is built so that the outcome is known: the target's final norm is zero, so its logits are all
+equal and greedy decoding always picks token 0. A drafter with a zero final norm does the same (every draft
+accepted); a random drafter almost never guesses token 0 (acceptance near zero)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_trt.serving import canary
+from dflash_trt.serving.metrics import DFlashMetrics
+from dflash_trt.serving.runtime import LocalRuntime
+
+BLOCK_SIZE = 8
+
+
+@pytest.fixture(scope="session")
+def canary_pair(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    from dflash_trt.drafter import save_drafter
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    root = tmp_path_factory.mktemp("canary-pair")
+    target = make_tiny_target("llama", vocab_size=49152, hidden_size=32, num_layers=6)
+    with torch.no_grad():
+        target.model.norm.weight.zero_()  # all logits equal: greedy always emits token 0
+    target.save_pretrained(str(root / "target"))
+    for item in smollm2_tokenizer_dir.iterdir():
+        shutil.copy(item, root / "target" / item.name)
+    good = make_tiny_drafter(target.config, block_size=BLOCK_SIZE)
+    with torch.no_grad():
+        good.norm.weight.zero_()  # drafts token 0 too: a perfect drafter for this target
+    save_drafter(good, root / "good")
+    make_tiny_drafter(target.config, root / "useless", seed=1, block_size=BLOCK_SIZE)
+    return root
+
+
+def runtime_for(pair: Path, drafter: str | None, block_size: int = BLOCK_SIZE) -> LocalRuntime:
+    from dflash_trt.drafter import load_drafter
+    from dflash_trt.target import load_target
+
+    return LocalRuntime(load_target(pair / "target"), load_drafter(pair / drafter) if drafter else None, block_size)
+
+
+def test_a_matched_drafter_reads_as_healthy(canary_pair):
+    result = canary.run_canary(runtime_for(canary_pair, "good"), 24)
+    assert result.acceptance_rate == 1.0 and result.tau == BLOCK_SIZE and not result.is_near_zero
+    level, message = canary.describe(result)
+    assert level == "info" and "accepted (100.0%)" in message and "NEAR ZERO" not in message
+
+
+def test_a_useless_drafter_is_reported_plainly(canary_pair):
+    result = canary.run_canary(runtime_for(canary_pair, "useless"), 24)
+    assert result.is_near_zero and result.num_spec_steps >= 3 and result.num_output_tokens == 24
+    level, message = canary.describe(result)
+    assert level == "warn" and "ACCEPTANCE NEAR ZERO" in message and "no speedup" in message
+
+
+def test_plain_decoding_has_nothing_to_measure(canary_pair):
+    result = canary.run_canary(runtime_for(canary_pair, None, block_size=1), 8)
+    assert not result.is_near_zero and canary.describe(result)[1].startswith("dflash canary: no drafts")
+
+
+def test_the_prompt_goes_through_the_engines_chat_template(smollm2_tokenizer):
+    ids = canary.canary_prompt_ids(smollm2_tokenizer)
+    text = smollm2_tokenizer.decode(ids)
+    assert "<|im_start|>user" in text and canary.CANARY_PROMPT in text and text.rstrip().endswith("assistant")
+
+
+def test_check_at_load_logs_and_exports(canary_pair, fake_pb):
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    result = canary.check_at_load(runtime_for(canary_pair, "useless"), 16, metrics, fake_pb.Logger)
+    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == result.acceptance_rate < 0.05
+    assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == result.tau
+    (line,) = fake_pb.Logger.lines
+    assert line[0] == "warn" and "ACCEPTANCE NEAR ZERO" in line[1]
+
+
+def test_canary_tokens_zero_turns_it_off(fake_pb):
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    assert canary.check_at_load(object(), 0, metrics, fake_pb.Logger) is None
+    assert fake_pb.Logger.lines == [("info", "dflash canary: off (canary_tokens 0)")]
+    assert metrics.canary_gauges == {}  # nothing exported, so no alert on a canary that never ran
+    assert metrics.families["dflash_canary_acceptance_rate"].metrics == []
+
+
+def test_a_model_that_cannot_generate_fails_its_load(fake_pb, smollm2_tokenizer):
+    class Broken:
+        tokenizer, block_size = smollm2_tokenizer, BLOCK_SIZE
+
+        def steps(self, prompt_ids, request, end_ids):
+            raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(RuntimeError, match="canary: the load-time generation failed: CUDA error"):
+        canary.check_at_load(Broken(), 8, DFlashMetrics(fake_pb, "dflash"), fake_pb.Logger)
+
+
+@pytest.mark.slow
+def test_tritonserver_log_and_metrics_show_a_useless_drafter(canary_pair, tmp_path):
+    from dflash_trt.engine.build import BuildRequest, build_engine
+    from dflash_trt.serving.repo import RepoConfig, render_repository
+    from dflash_trt.serving.server import serve_on_free_ports
+
+    engine = tmp_path / "engine"
+    build_engine(BuildRequest(model="smollm2-135m", target=canary_pair / "target", drafter=canary_pair / "useless",
+                              out=engine), log=lambda _line: None)
+    repo = render_repository(RepoConfig(engine, tmp_path / "repo", num_threads=1, canary_tokens=24))
+    with serve_on_free_ports(repo, ready_timeout_s=600) as server:
+        with urllib.request.urlopen(server.config.metrics_url, timeout=10) as response:
+            page = response.read().decode()
+        log = server.log
+    assert "dflash canary: ACCEPTANCE NEAR ZERO at load" in log, log[-3000:]
+    rate = float(re.search(r'^dflash_canary_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
+    tau = float(re.search(r'^dflash_canary_acceptance_length\{model="dflash"\} (\S+)$', page, re.M).group(1))
+    assert rate < canary.NEAR_ZERO_ACCEPTANCE and 1.0 <= tau < 1.5
+
+
+def test_a_target_without_a_tokenizer_still_gets_its_canary(tmp_path):
+    # Such a target takes token ids only (no invented vocabulary): the canary runs on fixed ids, not text.
+    from dflash_trt.drafter import save_drafter
+    from dflash_trt.target import load_target
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    model = make_tiny_target("qwen3")
+    model.save_pretrained(tmp_path / "target")
+    save_drafter(make_tiny_drafter(model.config), tmp_path / "drafter")
+    runtime = runtime_for(tmp_path, "drafter")
+    assert load_target(tmp_path / "target").tokenizer is None
+    result = canary.run_canary(runtime, 12)
+    assert result.num_output_tokens == 12 and result.num_spec_steps >= 1
