@@ -70,10 +70,10 @@ class Request:
             self.result.decode_s = max(time.perf_counter() - self.decode_start, 0.0) if self.decode_start else 0.0
 
     def step_output(self, tokens: list[int], acceptance_length: int | None,
-                    num_draft_tokens: int | None = None) -> StepOutput:
+                    num_draft_tokens: int | None = None, num_accepted_drafts: int | None = None) -> StepOutput:
         done = self.is_finished
         return StepOutput(self.request_id, tokens, acceptance_length, done, self.result if done else None,
-                          num_draft_tokens)
+                          num_draft_tokens, num_accepted_drafts)
 
 
 class RunningBatch:

@@ -167,7 +167,7 @@ def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
         # As the reference records it: the tokens this step produced, after max_new_tokens and stops.
         request.result.acceptance_lengths.append(len(committed))
         request.result.draft_lengths.append(num_drafts[row])
-        outputs.append(request.step_output(committed, len(committed), num_drafts[row]))
+        outputs.append(request.step_output(committed, len(committed), num_drafts[row], min(a, len(committed))))
     return outputs
 
 

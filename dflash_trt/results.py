@@ -83,3 +83,6 @@ class StepOutput:
     is_final: bool
     result: GenerationResult | None = None  # set on the final step
     num_draft_tokens: int | None = None  # drafts verified in this step (None: no verify step)
+    # Drafts this step accepted and committed: acceptance_length - 1, except for a step cut by max_new_tokens
+    # or a stop token, where every committed token may be an accepted draft (None: acceptance_length - 1).
+    num_accepted_drafts: int | None = None

@@ -59,7 +59,7 @@ def run_canary(runtime, num_tokens: int, prompt_ids: list[int] | None = None) ->
     steps = runtime.steps(prompt_ids, request, ())
     try:
         for step in steps:
-            stats.add_step(step.acceptance_length, step.num_draft_tokens)
+            stats.add_step(step.acceptance_length, step.num_draft_tokens, step.num_accepted_drafts)
             stats.num_output_tokens += len(step.new_token_ids)
     finally:
         steps.close()

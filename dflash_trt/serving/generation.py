@@ -25,6 +25,7 @@ class Step:
     is_final: bool
     finish_reason: str = ""  # on the final step: "stop" (end id) or "length"
     num_draft_tokens: int | None = None  # drafts verified in this step; None: block_size - 1
+    num_accepted_drafts: int | None = None  # drafts accepted and committed; None: acceptance_length - 1
 
 
 @dataclass
@@ -38,13 +39,14 @@ class Stats:
     total_accepted_draft_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)
 
-    def add_step(self, acceptance_length: int | None, num_draft_tokens: int | None = None) -> None:
+    def add_step(self, acceptance_length: int | None, num_draft_tokens: int | None = None,
+                 num_accepted_drafts: int | None = None) -> None:
         if acceptance_length is None:
             return
         self.num_spec_steps += 1
         self.acceptance_lengths.append(acceptance_length)
         self.total_draft_tokens += self.block_size - 1 if num_draft_tokens is None else num_draft_tokens
-        self.total_accepted_draft_tokens += acceptance_length - 1
+        self.total_accepted_draft_tokens += acceptance_length - 1 if num_accepted_drafts is None else num_accepted_drafts
 
     @property
     def acceptance_rate(self) -> float:
@@ -98,7 +100,7 @@ class ChunkStream:
 
     def push(self, step: Step) -> Chunk | None:
         request, stats, matcher = self.request, self.stats, self.matcher
-        stats.add_step(step.acceptance_length, step.num_draft_tokens)
+        stats.add_step(step.acceptance_length, step.num_draft_tokens, step.num_accepted_drafts)
         released = []
         for token in step.new_token_ids:
             if step.is_final and step.finish_reason == "stop" and token in self.end_ids:

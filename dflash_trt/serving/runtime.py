@@ -67,7 +67,8 @@ class LocalRuntime:
 def step_of(out) -> Step:
     """A decoding StepOutput as the Step the dflash model turns into chunks."""
     reason = out.result.finish_reason if out.is_final else ""
-    return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens)
+    return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens,
+                out.num_accepted_drafts)
 
 
 def sampling_params(request: GenerationRequest, end_ids):
