@@ -21,8 +21,8 @@ def test_http_generate_returns_the_text_and_its_statistics(triton):
     out = generate(triton.config.http_url, PROMPT, 24, exclude_input_in_output=True)
     assert out["finish_reason"] == "length" and out["num_output_tokens"] == 24
     # 23 verify steps after the prefill token (random drafts are never accepted), block 8 pinned; a step
-    # with r tokens left verifies at most r - 1 drafts.
-    assert out["total_draft_tokens"] == sum(min(7, left - 1) for left in range(1, 24))
+    # with r tokens left verifies at most r drafts (its block shrinks to r + 1 slots).
+    assert out["total_draft_tokens"] == sum(min(7, left) for left in range(1, 24))
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["text_output"]
 
 

@@ -73,7 +73,8 @@ def test_time_to_first_token_is_observed_once_per_request_and_gaps_per_later_rel
     before = scrape(triton)
     streamed = list(generate_stream(triton.config.http_url, "latency", 12))
     generate(triton.config.http_url, "latency too", 6)
-    time.sleep(0.5)
+    # Metrics are updated before the final response goes out; wait for the requests to leave, not a time.
+    wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
     after = scrape(triton)
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
     assert delta["dflash_time_to_first_token_seconds_count"] == 2

@@ -94,8 +94,8 @@ def test_greedy_completion_equals_tritons_answer_with_usage_and_dflash_figures(c
     assert answer.usage.prompt_tokens == len(smollm2_tokenizer.encode(PROMPT))
     assert answer.usage.completion_tokens == 16
     dflash = answer.model_extra["dflash"]
-    # block 8 pinned, 15 verify steps of which a step with r tokens left verifies at most r - 1 drafts
-    assert dflash["num_draft_tokens"] == sum(min(7, left - 1) for left in range(1, 16)) == reference["total_draft_tokens"]
+    # block 8 pinned, 15 verify steps of which a step with r tokens left verifies at most r drafts
+    assert dflash["num_draft_tokens"] == sum(min(7, left) for left in range(1, 16)) == reference["total_draft_tokens"]
     assert dflash["num_accepted_draft_tokens"] == reference["total_accepted_draft_tokens"]
     assert 1.0 <= dflash["tau"] <= 8.0
 
