@@ -52,6 +52,20 @@ def _cuda_backend(q: torch.Tensor, k: torch.Tensor, rope: RotaryEmbedding):
     return torch_op.draft_attention_inplace, fields
 
 
+def _rope_at_positions(q, k, ctx_k, cache_lens, ctx_lens, rope: RotaryEmbedding):
+    """RoPE of the new context keys (positions cache_lens + i) and of the block's queries and keys (positions
+    cache_lens + ctx_lens + j); returns them with those positions [B,C] and [B,S]."""
+    device = q.device
+    ctx_pos = cache_lens[:, None] + torch.arange(ctx_k.shape[1], device=device)[None, :]
+    block_pos = (cache_lens + ctx_lens)[:, None] + torch.arange(q.shape[1], device=device)[None, :]
+    cos, sin = rope.cos_sin(ctx_pos)
+    ctx_k = rope.apply(ctx_k, cos[:, :, None, :], sin[:, :, None, :])
+    cos, sin = rope.cos_sin(block_pos)
+    q = rope.apply(q, cos[:, :, None, :], sin[:, :, None, :])
+    k = rope.apply(k, cos[:, :, None, :], sin[:, :, None, :])
+    return q, k, ctx_k, ctx_pos, block_pos
+
+
 def draft_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,17 +97,10 @@ def draft_attention(
         return op(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, fields)
     batch, block_size, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
-    num_ctx = ctx_k.shape[1]
     device = q.device
     total_lens = cache_lens + ctx_lens
 
-    ctx_pos = cache_lens[:, None] + torch.arange(num_ctx, device=device)[None, :]
-    block_pos = total_lens[:, None] + torch.arange(block_size, device=device)[None, :]
-    cos, sin = rope.cos_sin(ctx_pos)
-    ctx_k = rope.apply(ctx_k, cos[:, :, None, :], sin[:, :, None, :])
-    cos, sin = rope.cos_sin(block_pos)
-    q = rope.apply(q, cos[:, :, None, :], sin[:, :, None, :])
-    k = rope.apply(k, cos[:, :, None, :], sin[:, :, None, :])
+    q, k, ctx_k, _, _ = _rope_at_positions(q, k, ctx_k, cache_lens, ctx_lens, rope)
 
     for b in range(batch):  # ragged append: each sequence has its own cache length
         start, count = int(cache_lens[b]), int(ctx_lens[b])
@@ -130,17 +137,10 @@ def windowed_draft_attention(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens
     num_ctx, room = ctx_k.shape[1], cache_k.shape[2]
     device = q.device
     stored = cache_lens.clamp(max=room)  # rows kept per sequence, at positions cache_lens - stored ...
-    total_lens = cache_lens + ctx_lens
 
     slots = torch.arange(room, device=device)[None, :]
     cache_pos = cache_lens[:, None] - stored[:, None] + slots
-    ctx_pos = cache_lens[:, None] + torch.arange(num_ctx, device=device)[None, :]
-    block_pos = total_lens[:, None] + torch.arange(block_size, device=device)[None, :]
-    cos, sin = rope.cos_sin(ctx_pos)
-    ctx_k = rope.apply(ctx_k, cos[:, :, None, :], sin[:, :, None, :])
-    cos, sin = rope.cos_sin(block_pos)
-    q = rope.apply(q, cos[:, :, None, :], sin[:, :, None, :])
-    k = rope.apply(k, cos[:, :, None, :], sin[:, :, None, :])
+    q, k, ctx_k, ctx_pos, block_pos = _rope_at_positions(q, k, ctx_k, cache_lens, ctx_lens, rope)
 
     keys = torch.cat((cache_k.float(), ctx_k.transpose(1, 2).float(), k.transpose(1, 2).float()), dim=2)
     values = torch.cat((cache_v.float(), ctx_v.transpose(1, 2).float(), v.transpose(1, 2).float()), dim=2)
