@@ -1,9 +1,9 @@
 """Training data: the target's own greedy answers to the training prompts.
 
-Batched Hugging Face generate with left padding (much faster than batch 1 on CPU). Each record
-stores the token ids of prompt + response and the prompt length (the response mask is
-``position >= prompt_len``). Output is appended per batch, so an interrupted run resumes where it
-stopped; shards let several processes split the prompts. A prompt counts as answered when any
+Generated with the library's in-flight batching scheduler (plain greedy decoding, many answers at
+once, a finished answer replaced by the next prompt at once). Each record stores the token ids of
+prompt + response and the prompt length (the response mask is ``position >= prompt_len``). Records
+are appended as answers finish, so an interrupted run resumes where it stopped; shards let several processes split the prompts. A prompt counts as answered when any
 answers file of the directory holds it, whichever shard or import (``import_answers``) wrote it.
 """
 
@@ -32,9 +32,6 @@ class AnswerConfig:
     num_shards: int = 1
     seed: int = 0
     threads: int = 1
-    # Target layers whose outputs are kept while generating ("1,8,14,20,27"; empty: none). Capturing
-    # them here is almost free, whereas a separate feature pass costs a full target forward per sample.
-    feature_layer_ids: str = ""
     # Only prompts of these families ("sharegpt-chat,champ-math"; empty: all); indices stay global.
     families: str = ""
     # Start a new answers file every this many records of the shard (0: one file), so files that
@@ -84,43 +81,21 @@ def import_answers(source: str | Path, out: str | Path, prompts: str, max_prompt
     return len(new)
 
 
-def trim_response(ids: list[int], pad_id: int, stop_ids: tuple[int, ...]) -> list[int]:
-    """Cut a generated row after its first stop token and drop right padding."""
-    out = []
-    for t in ids:
-        out.append(t)
-        if t in stop_ids:
-            return out
-    while out and out[-1] == pad_id:
-        out.pop()
-    return out
-
-
-def generation_features(hidden_states, layer_ids, width: int, recs: list[dict]):
-    """Per-record features [n, K*D] from generate's hidden states (left-padded prompt of `width`).
-
-    Step 0 holds the prompt positions, step s > 0 the token fed at that step. The last token of a
-    record is never fed, so its row is zero: training never reads it (anchors have a label after them).
-    """
-    import torch
-
-    per_layer = [torch.cat([hidden_states[0][i + 1]] + [h[i + 1] for h in hidden_states[1:]], dim=1)
-                 for i in layer_ids]
-    full = torch.cat(per_layer, dim=-1)  # [B, width + steps - 1, K*D]
-    out = []
-    for b, rec in enumerate(recs):
-        n, start = len(rec["ids"]), width - rec["prompt_len"]
-        rows = full[b, start:start + n - 1]
-        out.append(torch.cat([rows, rows.new_zeros(n - rows.shape[0], rows.shape[1])]))
-    return out
-
-
 def generate_answers(cfg: AnswerConfig) -> Path:
-    """Generate (resumably) this shard's answers; returns the shard's JSON-lines file."""
+    """Generate (resumably) this shard's answers; returns the shard's JSON-lines file.
+
+    The prompts go through the in-flight batching scheduler with plain greedy decoding: up to
+    `batch_size` answers are decoded together, a finished answer leaves the batch at once and the next
+    prompt takes its place, so no row is computed past its end and no prompt is padded to a longer one.
+    Each answer is the target's greedy answer alone (the scheduler's promise), written when it finishes.
+    """
     import torch
     from tqdm import tqdm
 
-    from dflash_trt.training.features import feature_dir, write_feature_chunk
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.scheduler import Scheduler, SchedulerLimits
+    from dflash_trt.target import TargetModel
     from dflash_trt.training.target_io import SMOLLM2_STOP_IDS, load_hf_target
 
     torch.set_num_threads(cfg.threads)
@@ -131,38 +106,41 @@ def generate_answers(cfg: AnswerConfig) -> Path:
     items = [(i, f, p) for i, (f, p) in enumerate(ordered_prompts(cfg.prompts, cfg.max_prompts, cfg.seed))
              if i % cfg.num_shards == cfg.shard and (not families or f in families)]
     done = answered_indices(out)
-    todo = [it for it in items if it[0] not in done]
-    if not todo:
+    todo = iter([it for it in items if it[0] not in done])
+    if len(done.intersection(i for i, _, _ in items)) == len(items):
         return path
     model, tok = load_hf_target(cfg.target)
-    layer_ids = tuple(int(x) for x in cfg.feature_layer_ids.split(",") if x.strip())
     stop_ids = SMOLLM2_STOP_IDS if tok.eos_token_id not in SMOLLM2_STOP_IDS and len(tok) == 49152 else (tok.eos_token_id,)
-    pad_id = 0
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"answers shard {cfg.shard}")
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, stop_token_ids=tuple(stop_ids))
+    scheduler = Scheduler(TargetModel(model, tok, source=cfg.target), None, block_size=1,
+                          limits=SchedulerLimits(max_batch_size=cfg.batch_size, max_kv_tokens=None))
+    in_flight: dict = {}
+    bar = tqdm(total=len(items), initial=len(items) - sum(1 for i, _, _ in items if i not in done),
+               desc=f"answers shard {cfg.shard}")
     t0, ntok = time.time(), 0
-    for b in range(0, len(todo), cfg.batch_size):
-        batch = todo[b:b + cfg.batch_size]
-        ids = [chat_ids(tok, p) for _, _, p in batch]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
-        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        with torch.no_grad():
-            gen = model.generate(input_ids=input_ids, attention_mask=attn, max_new_tokens=cfg.max_new_tokens,
-                                 do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id,
-                                 output_hidden_states=bool(layer_ids), return_dict_in_generate=True)
-        recs = []
-        for (idx, fam, prompt), p_ids, row in zip(batch, ids, gen.sequences[:, width:].tolist()):
-            resp = trim_response(row, pad_id, stop_ids)
-            ntok += len(resp)
-            recs.append({"idx": idx, "family": fam, "prompt": prompt, "ids": p_ids + resp, "prompt_len": len(p_ids)})
-        if layer_ids:
-            write_feature_chunk(feature_dir(cfg.out, layer_ids), recs,
-                                generation_features(gen.hidden_states, layer_ids, width, recs))
-        for rec in recs:
+
+    def refill() -> None:
+        while len(in_flight) < cfg.batch_size and (item := next(todo, None)) is not None:
+            prompt_ids = chat_ids(tok, item[2])
+            try:
+                in_flight[scheduler.add_request(prompt_ids, params)] = (item, prompt_ids)
+            except DFlashError as error:  # e.g. a prompt longer than the target's context: skipped
+                print(f"answers: prompt {item[0]} skipped ({error})")
+
+    refill()
+    while scheduler.has_unfinished:
+        for step in scheduler.step():
+            if not step.is_final:
+                continue
+            (idx, fam, prompt), prompt_ids = in_flight.pop(step.index)
+            ntok += len(step.result.token_ids)
+            rec = {"idx": idx, "family": fam, "prompt": prompt, "ids": prompt_ids + step.result.token_ids,
+                   "prompt_len": len(prompt_ids)}
             with open(answers_file(out, cfg, path), "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
-        bar.update(len(batch))
-        bar.set_postfix(tok_s=f"{ntok / (time.time() - t0):.1f}")
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{ntok / (time.time() - t0):.1f}")
+        refill()
     bar.close()
     return path
 

@@ -72,8 +72,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         if cfg.generate_answers:
             generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,
                                           max_prompts=cfg.max_prompts, max_new_tokens=cfg.max_new_tokens,
-                                          batch_size=cfg.answer_batch_size, threads=tc.threads,
-                                          feature_layer_ids=",".join(map(str, tc.target_layer_ids))))
+                                          batch_size=cfg.answer_batch_size, threads=tc.threads))
         summary["answers_s"] = round(time.time() - t0, 1)
     if not {"features", "train", "export"} & set(cfg.stages):
         return summary

@@ -1,9 +1,12 @@
-"""Answer files: importing committed answers, and resuming whatever shard wrote them."""
+"""Answer files: generated answers are the target's greedy answers alone; importing committed answers; resuming
+whatever shard wrote them."""
 
 import json
 from pathlib import Path
 
-from dflash_trt.training.answers import (AnswerConfig, answered_indices, generate_answers, import_answers,
+import torch
+
+from dflash_trt.training.answers import (AnswerConfig, answered_indices, chat_ids, generate_answers, import_answers,
                                          ordered_prompts, read_answers)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,3 +75,25 @@ def test_train_drafter_imports_the_presets_committed_answers_unless_told_otherwi
     assert seen[0].max_prompts == len(ordered_prompts(str(REPO / "data" / "prompts"), 10**6, 0))
     templates = read_answers(REPO / committed.split(",")[0])
     assert [r["idx"] for r in templates] == list(range(5804))
+
+
+def test_generated_answers_are_the_targets_greedy_answers_alone(tmp_path, tiny_text_pair_dir):
+    """Answers decoded together in the in-flight batch (3 at a time, 8 prompts, so rows leave and join) are
+    each the target's greedy answer generated alone, and land in chunk files of the asked size."""
+    from dflash_trt.training.target_io import load_hf_target
+
+    prompts, data, target = _prompt_sets(tmp_path / "prompts"), tmp_path / "data", tiny_text_pair_dir / "target"
+    generate_answers(AnswerConfig(prompts=prompts, out=str(data), target=str(target), max_prompts=8,
+                                  max_new_tokens=10, batch_size=3, chunk_records=3))
+
+    records = read_answers(data)
+    assert [r["idx"] for r in records] == list(range(8))
+    assert [len(p.read_text().splitlines()) for p in sorted(data.glob("answers.0-of-1.*.jsonl"))] == [3, 3, 2]
+    model, tok = load_hf_target(str(target))
+    order = [p for _, p in ordered_prompts(prompts, 8, 0)]
+    for record in records:
+        prompt_ids = record["ids"][:record["prompt_len"]]
+        assert record["prompt"] == order[record["idx"]] and prompt_ids == chat_ids(tok, record["prompt"])
+        alone = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                               max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert record["ids"][record["prompt_len"]:] == alone[0, len(prompt_ids):].tolist()
