@@ -46,7 +46,7 @@ KINDS = {"TYPE_STRING": "OSU", "TYPE_INT32": "iu", "TYPE_FP32": "f", "TYPE_BOOL"
 COMPAT_INPUTS = {
     "decoder_text_input": CompatInput("TYPE_STRING", "1", _all_empty_strings,
                                       "empty (encoder-decoder models are not served)"),
-    "num_return_sequences": CompatInput("TYPE_INT32", "1", _at_most(1), "1 (one sequence per request)"),
+    "num_return_sequences": CompatInput("TYPE_INT32", "1", _all(1), "1 (one sequence per request)"),
     "bad_words": CompatInput("TYPE_STRING", "-1", _all_empty_strings, "empty (banned words are not supported)"),
     # pad_id only pads the outputs of a batch of beams; there is one sequence per request.
     "pad_id": CompatInput("TYPE_INT32", "1", lambda array: True, "any"),
@@ -64,7 +64,7 @@ COMPAT_INPUTS = {
     "return_num_input_tokens": CompatInput("TYPE_BOOL", "1", _all(False), "false (num_input_tokens is not returned)"),
     "return_num_output_tokens": CompatInput("TYPE_BOOL", "1", lambda array: True,
                                             "any (num_output_tokens is always returned)"),
-    "beam_width": CompatInput("TYPE_INT32", "1", _at_most(1), "1 (beam search is not supported)"),
+    "beam_width": CompatInput("TYPE_INT32", "1", _all(1), "1 (beam search is not supported)"),
     "embedding_bias_words": CompatInput("TYPE_STRING", "-1", _all_empty_strings,
                                         "empty (an embedding bias is not supported)"),
     "embedding_bias_weights": CompatInput("TYPE_FP32", "-1", _all(0.0), "empty or zeros (an embedding bias is "

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from dflash_trt.serving.client import RequestFailed, generate
-from test_serving_e2e_bad_input import is_healthy, post
+from triton_waits import is_healthy, post
 
 pytestmark = pytest.mark.slow
 

@@ -49,6 +49,7 @@ def test_every_neutral_value_at_once_changes_nothing():
 
 @pytest.mark.parametrize("name, value, message", [
     ("beam_width", np.array([[4]], np.int32), "input 'beam_width' = 4 is not supported by DFlash serving; send 1"),
+    ("beam_width", np.array([[0]], np.int32), "input 'beam_width' = 0 is not supported"),
     ("bad_words", np.array([[b"foo", b""]], dtype=object), "'bad_words' = ['foo', ''] is not supported"),
     ("return_log_probs", np.array([[True]]), "'return_log_probs' = True is not supported"),
     ("repetition_penalty", np.array([[1.2]], np.float32), "'repetition_penalty' = 1.2"),
