@@ -1,5 +1,8 @@
 """End to end with a DFlash2 drafter: a torch engine served through the real tritonserver answers
-greedy requests with exactly the target's own plain greedy decoding (tiny random pair, SmolLM2 tokenizer)."""
+greedy requests with exactly the target's own plain greedy decoding (tiny pairs, SmolLM2 tokenizer).
+
+Two pairs: a random one (its drafts are practically never accepted, the tokens vary) and a predictable
+one, built so that every other draft is accepted (the accept-then-reject path of every step)."""
 
 from __future__ import annotations
 
@@ -21,21 +24,41 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["Write a short poem about the sea.", "Explain speculative decoding in one sentence:"]
 MAX_TOKENS = 40
 BLOCK_SIZE = 8
+# The predictable pair: residual channel 0 carries +-OFFSET by the parity of the token (no layer writes to
+# it), and the head reads it: the target alternates ODD_NEXT, EVEN_NEXT. The drafter sees the mask token
+# (odd) in every slot, so it always drafts EVEN_NEXT: right at the first slot after ODD_NEXT, wrong after.
+EVEN_NEXT, ODD_NEXT, OFFSET, HEAD = 1001, 1000, 100.0, 50.0
 
 
-@pytest.fixture(scope="module")
-def dflash2_engine(tmp_path_factory, smollm2_tokenizer_dir):
+def make_predictable(target, drafter) -> None:
+    with torch.no_grad():
+        embeddings = target.get_input_embeddings().weight
+        embeddings[0::2, 0], embeddings[1::2, 0] = OFFSET, -OFFSET
+        for layer in [*target.model.layers, *drafter.layers]:
+            layer.self_attn.o_proj.weight[0] = 0
+            layer.mlp.down_proj.weight[0] = 0
+        head = target.get_output_embeddings().weight
+        head[EVEN_NEXT, 0], head[ODD_NEXT, 0] = HEAD, -HEAD
+
+
+@pytest.fixture(scope="module", params=["random", "predictable"])
+def dflash2_engine(request, tmp_path_factory, smollm2_tokenizer_dir):
+    from dflash_trt.drafters import save_drafter
     from dflash_trt.engine.build import BuildRequest, build_engine
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
-    root = tmp_path_factory.mktemp("dflash2-engine")
-    target = make_tiny_target("llama", root / "target", vocab_size=49152, seed=5)
+    root = tmp_path_factory.mktemp("dflash2-pair")
+    target = make_tiny_target("llama", vocab_size=49152, seed=5)
+    drafter = make_tiny_drafter(target.config, block_size=BLOCK_SIZE, family="dflash2", seed=6)
+    if request.param == "predictable":
+        make_predictable(target, drafter)
+    target.save_pretrained(str(root / "target"))
+    save_drafter(drafter, root / "drafter")
     for item in smollm2_tokenizer_dir.iterdir():
         shutil.copy(item, root / "target" / item.name)
-    make_tiny_drafter(target.config, root / "drafter", block_size=BLOCK_SIZE, family="dflash2", seed=6)
     build_engine(BuildRequest(model="smollm2-135m", target=root / "target", drafter=root / "drafter",
-                              out=root / "engine"), log=lambda _line: None)
-    return root / "engine"
+                              out=root / request.param), log=lambda _line: None)
+    return root / request.param  # the engine directory is named after the pair
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +120,11 @@ def test_greedy_answers_equal_the_targets_plain_decoding(dflash2_triton, dflash2
     served = generate(dflash2_triton.config.http_url, prompt, MAX_TOKENS, exclude_input_in_output=True, end_id=-1)
     assert served["num_output_tokens"] == MAX_TOKENS and served["finish_reason"] == "length"
     assert served["text_output"] == decode(smollm2_tokenizer, expected)
-    # the drafter ran: every verify step after the prefill token checked a (possibly shortened) block
-    assert served["total_draft_tokens"] >= MAX_TOKENS - 1
+    drafts, accepted = served["total_draft_tokens"], served["total_accepted_draft_tokens"]
+    assert drafts >= MAX_TOKENS - 1  # the drafter ran: every verify step checked a (possibly shortened) block
+    if dflash2_engine.name == "predictable":
+        assert expected[:4] in ([ODD_NEXT, EVEN_NEXT] * 2, [EVEN_NEXT, ODD_NEXT] * 2)
+        assert MAX_TOKENS // 2 - 2 <= accepted < drafts  # one accepted draft per step of two tokens
 
     stream = GrpcStream(dflash2_triton.config.grpc_url)
     try:
