@@ -91,10 +91,10 @@ def _shown(value) -> str:
     return repr(value)
 
 
-def pbtxt_inputs(names=None) -> str:
+def pbtxt_inputs() -> str:
     """The compatibility inputs as config.pbtxt input entries (one a line, comma-separated)."""
     return ",\n".join(f'  {{ name: "{name}" data_type: {spec.triton_type} dims: [ {spec.dims} ] optional: true }}'
-                      for name, spec in COMPAT_INPUTS.items() if names is None or name in names)
+                      for name, spec in COMPAT_INPUTS.items())
 
 
 def pbtxt_input_map() -> str:
