@@ -19,7 +19,7 @@ from triton_waits import is_healthy, post
 pytestmark = pytest.mark.slow
 
 PROMPT = "The capital of France is"
-# What TensorRT-LLM's own gRPC client sends with every request when the features are off: dtype, value.
+# Optional inputs a TensorRT-LLM client may send with their features off (dtype, value), with sampling set to greedy.
 TRTLLM_CLIENT_INPUTS = {
     "bad_words": (object, [b""]), "stop_words": (object, [b""]), "pad_id": (np.int32, [2]),
     "end_id": (np.int32, [2]), "beam_width": (np.int32, [1]), "num_return_sequences": (np.int32, [1]),

@@ -21,7 +21,7 @@ TRTLLM = {
     "beam_width": ("TYPE_INT32", "1"), "embedding_bias_words": ("TYPE_STRING", "-1"),
     "embedding_bias_weights": ("TYPE_FP32", "-1"),
 }
-# What TensorRT-LLM's example clients send when a feature is off (batch dimension included).
+# Values a TensorRT-LLM client may send with a feature off (batch dimension included).
 NEUTRAL = {
     "decoder_text_input": np.array([[b""]], dtype=object), "num_return_sequences": np.array([[1]], np.int32),
     "bad_words": np.array([[b""]], dtype=object), "pad_id": np.array([[2]], np.int32),
