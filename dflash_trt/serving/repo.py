@@ -16,6 +16,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
+from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
 MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
@@ -112,6 +113,8 @@ def render_repository(config: RepoConfig) -> Path:
         "max_kv_tokens": max_kv_tokens,
         "prefill_chunk_tokens": config.prefill_chunk_tokens,
         "canary_tokens": config.canary_tokens,
+        "trtllm_inputs": pbtxt_inputs(),
+        "trtllm_input_map": pbtxt_input_map(),
     }
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

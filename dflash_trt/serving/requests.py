@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.serving.trtllm_inputs import COMPAT_INPUTS, KINDS, unsupported_value
 
 # name -> (numpy dtype kinds accepted, Triton type, required)
 INPUTS = {
@@ -26,6 +27,10 @@ INPUTS = {
     "end_id": ("iu", "TYPE_INT32", False),
     "exclude_input_in_output": ("b", "TYPE_BOOL", False),
 }
+# The preprocessing model (and so the ensemble) also takes TensorRT-LLM's other optional inputs, at their
+# neutral values only (trtllm_inputs.py); the dflash model takes INPUTS alone.
+TEXT_INPUTS = {**INPUTS, **{name: (KINDS[spec.triton_type], spec.triton_type, False)
+                            for name, spec in COMPAT_INPUTS.items()}}
 OUTPUTS = {
     "text_output": "TYPE_STRING",
     "num_output_tokens": "TYPE_INT32",
@@ -81,7 +86,7 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
 
     with_text=False validates everything but text_input (the dflash model gets token ids instead).
     """
-    inputs = INPUTS if with_text else {k: v for k, v in INPUTS.items() if k != "text_input"}
+    inputs = TEXT_INPUTS if with_text else {k: v for k, v in INPUTS.items() if k != "text_input"}
     unknown = sorted(set(arrays) - set(inputs) - {"input_ids"})
     if unknown:
         raise InvalidRequest(f"unknown input tensor(s): {', '.join(unknown)}")
@@ -93,6 +98,10 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
             continue
         if np.asarray(array).dtype.kind not in kinds:
             raise InvalidRequest(f"input '{name}' must be {triton_type[5:]}, got {np.asarray(array).dtype}")
+    for name in sorted(COMPAT_INPUTS.keys() & arrays.keys()):
+        message = unsupported_value(name, arrays[name]) if arrays[name] is not None else None
+        if message:
+            raise InvalidRequest(message)
     text = ""
     if with_text:
         text = decode_text(scalar(arrays, "text_input"), "text_input")

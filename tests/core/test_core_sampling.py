@@ -1,16 +1,14 @@
 """Sampled DFlash is lossless: emitted tokens follow the target's own (filtered) distribution."""
 
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from core_oracle import SelfDrafter
 from dflash_trt.decoding import generate
 from dflash_trt.sampling import SamplingParams, probabilities
 from dflash_trt.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+from sampling_oracle import chi_square_pvalue, exact_joint
 
 VOCAB = 6
 NUM_TOKENS = 3  # the first comes from the prefill; the next two from verification
@@ -41,22 +39,6 @@ def _self_drafter(target, drafter, num_prompts):
     return self_drafter
 
 
-def _exact_joint(target, params):
-    """P(t1, t2, t3 | PROMPT) under the target, computed by enumeration."""
-    joint = {}
-    for prefix_len in range(NUM_TOKENS):
-        prefixes = list(itertools.product(range(VOCAB), repeat=prefix_len))
-        ids = torch.tensor([PROMPT + list(p) for p in prefixes])
-        with torch.inference_mode():
-            logits = target.model(ids).logits[:, -1].float()
-        probs = probabilities(logits, params)
-        for prefix, row in zip(prefixes, probs):
-            base = joint.get(prefix, 1.0) if prefix_len else 1.0
-            for token in range(VOCAB):
-                joint[prefix + (token,)] = base * float(row[token])
-    return {k: v for k, v in joint.items() if len(k) == NUM_TOKENS}
-
-
 @pytest.mark.parametrize("filters", [dict(temperature=0.8), dict(temperature=1.0, top_k=3),
                                      dict(temperature=1.0, top_p=0.7)], ids=["temperature", "top_k", "top_p"])
 def test_sampled_tokens_follow_the_target_distribution(pair, filters):
@@ -65,22 +47,8 @@ def test_sampled_tokens_follow_the_target_distribution(pair, filters):
     results = generate(target, _self_drafter(target, drafter, NUM_SAMPLES), [PROMPT] * NUM_SAMPLES, params)
     accepted = sum(r.num_accepted_tokens for r in results)
     assert accepted > NUM_SAMPLES // 4, "drafts should often be accepted, so both paths are tested"
-    counts = {}
-    for r in results:
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-
-    expected = _exact_joint(target, params[0])
-    assert all(key in expected and expected[key] > 0 for key in counts), "a filtered-out token was emitted"
-    # Chi-square over cells expected >= 5 times; the rest are pooled into one cell.
-    big = [k for k, p in expected.items() if p * NUM_SAMPLES >= 5]
-    observed = [counts.get(k, 0) for k in big] + [NUM_SAMPLES - sum(counts.get(k, 0) for k in big)]
-    wanted = [expected[k] * NUM_SAMPLES for k in big] + [NUM_SAMPLES * (1 - sum(expected[k] for k in big))]
-    if wanted[-1] < 5:  # too rare to test alone: fold into the last big cell
-        rare_observed, rare_wanted = observed.pop(), wanted.pop()
-        observed[-1] += rare_observed
-        wanted[-1] += rare_wanted
-    scale = NUM_SAMPLES / sum(wanted)  # fp32 probabilities sum to 1 only within ~1e-7
-    assert chisquare(observed, [w * scale for w in wanted]).pvalue > SIGNIFICANCE
+    expected = exact_joint(target, PROMPT, params[0], NUM_TOKENS, VOCAB)
+    assert chi_square_pvalue([tuple(r.token_ids) for r in results], expected) > SIGNIFICANCE
 
 
 def test_same_seed_gives_same_sample_alone_or_in_a_batch(pair):

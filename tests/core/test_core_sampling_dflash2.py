@@ -4,17 +4,15 @@ The emitted tokens must follow the target's own filtered distribution exactly (c
 enumerated joint); with a q that is not the one the drafts were drawn from, the same check must fail.
 """
 
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from dflash_trt.decoding import generate
 from dflash_trt.drafters import DFlash2Drafter, Proposal
-from dflash_trt.sampling import SamplingParams, probabilities
+from dflash_trt.sampling import SamplingParams
 from dflash_trt.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+from sampling_oracle import chi_square_pvalue, exact_joint
 
 VOCAB = 6
 NUM_TOKENS = 3  # the first from the prefill, then one verify of a shortened block of 3 slots
@@ -39,33 +37,9 @@ def pair():
     return TargetModel(model), drafter
 
 
-def _exact_joint(target, params):
-    """P(t1, t2, t3 | PROMPT) under the target, by enumeration."""
-    joint = {(): 1.0}
-    for prefix_len in range(NUM_TOKENS):
-        prefixes = list(itertools.product(range(VOCAB), repeat=prefix_len))
-        with torch.inference_mode():
-            logits = target.model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1]
-        for prefix, row in zip(prefixes, probabilities(logits, params)):
-            for token in range(VOCAB):
-                joint[prefix + (token,)] = joint[prefix] * float(row[token])
-    return {k: v for k, v in joint.items() if len(k) == NUM_TOKENS}
-
-
-def _pvalue(results, expected):
-    counts = {}
-    for r in results:
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert all(expected.get(key, 0) > 0 for key in counts), "a token outside the target's filter was emitted"
-    big = [k for k, p in expected.items() if p * NUM_SAMPLES >= 5]  # the rest is pooled into one cell
-    observed = [counts.get(k, 0) for k in big] + [NUM_SAMPLES - sum(counts.get(k, 0) for k in big)]
-    wanted = [expected[k] * NUM_SAMPLES for k in big] + [NUM_SAMPLES * (1 - sum(expected[k] for k in big))]
-    if wanted[-1] < 5:  # too rare to test alone: fold into the last big cell
-        rare_observed, rare_wanted = observed.pop(), wanted.pop()
-        observed[-1] += rare_observed
-        wanted[-1] += rare_wanted
-    scale = NUM_SAMPLES / sum(wanted)
-    return chisquare(observed, [w * scale for w in wanted]).pvalue
+def _pvalue(target, params, results):
+    expected = exact_joint(target, PROMPT, params, NUM_TOKENS, VOCAB)
+    return chi_square_pvalue([tuple(r.token_ids) for r in results], expected)
 
 
 def _run(target, drafter, filters):
@@ -80,7 +54,7 @@ def test_sampled_dflash2_follows_the_target_distribution(pair, filters):
     params, results = _run(target, drafter, filters)
     accepted = sum(r.num_accepted_tokens for r in results)
     assert NUM_SAMPLES // 5 < accepted, "drafts should often be accepted, so both branches are tested"
-    assert _pvalue(results, _exact_joint(target, params)) > SIGNIFICANCE
+    assert _pvalue(target, params, results) > SIGNIFICANCE
 
 
 def test_the_check_fails_when_q_is_not_the_drafts_distribution(pair):
@@ -88,7 +62,7 @@ def test_the_check_fails_when_q_is_not_the_drafts_distribution(pair):
     broken = UniformQDrafter(drafter.config)
     broken.load_state_dict(drafter.state_dict())
     params, results = _run(target, broken.eval(), dict(temperature=0.7))
-    assert _pvalue(results, _exact_joint(target, params)) < 1e-6
+    assert _pvalue(target, params, results) < 1e-6
 
 
 def test_same_seed_gives_the_same_sample_alone_or_in_a_batch(pair):

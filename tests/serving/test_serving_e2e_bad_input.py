@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import urllib.request
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from dflash_trt.serving.client import GrpcStream, RequestFailed, generate, grpc_inputs
+from dflash_trt.serving.client import GrpcStream, RequestFailed, grpc_inputs
+from triton_waits import is_healthy, post
 
 pytestmark = pytest.mark.slow
-
-
-def is_healthy(triton) -> bool:
-    with urllib.request.urlopen(triton.config.http_url + "/v2/health/ready", timeout=5) as response:
-        ready = response.status == 200
-    return ready and generate(triton.config.http_url, "still there?", 2)["num_output_tokens"] == 2
 
 
 @pytest.mark.parametrize("body, message", [
@@ -42,13 +35,6 @@ def test_http_bad_input_is_refused_with_a_clear_message(triton, body, message):
     assert failure.value.status == 400
     assert message in str(failure.value)
     assert is_healthy(triton)
-
-
-def post(triton, body):
-    """A raw /generate body, so that required fields can be left out."""
-    from dflash_trt.serving.client import MODEL, _post_json
-
-    return _post_json(f"{triton.config.http_url}/v2/models/{MODEL}/generate", body, 60)
 
 
 def test_a_json_value_of_the_wrong_type_is_refused_by_triton(triton):

@@ -8,7 +8,7 @@ from tritonclient.grpc import model_config_pb2
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.repo import ENSEMBLES, MODELS, RepoConfig, pbtxt_string, render_repository
-from dflash_trt.serving.requests import INPUTS, OUTPUTS
+from dflash_trt.serving.requests import OUTPUTS, TEXT_INPUTS
 
 TYPE = model_config_pb2.DataType.Name
 
@@ -30,7 +30,8 @@ def repo(tiny_engine, tmp_path_factory):
 RENDERED = [*MODELS[:-1], *ENSEMBLES]
 # TensorRT-LLM's triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt: every tensor the two
 # ensembles share has dims [1] there, except these (and its max_batch_size is > 0).
-TRTLLM_DIMS = {"stop_words": [-1], "text_output": [-1]}
+TRTLLM_DIMS = {"stop_words": [-1], "bad_words": [-1], "embedding_bias_words": [-1], "embedding_bias_weights": [-1],
+               "text_output": [-1]}
 
 
 def test_renders_the_four_models_with_their_code(repo):
@@ -50,7 +51,7 @@ def test_the_ensemble_has_tensorrt_llms_batch_dimension_and_dims_and_the_unbatch
         assert list(tensor.dims) == TRTLLM_DIMS.get(tensor.name, [1]), tensor.name
     assert (unbatched.name, unbatched.max_batch_size) == ("ensemble_unbatched", 0)
     dims = {t.name: list(t.dims) for t in [*unbatched.input, *unbatched.output]}
-    assert dims == {**{name: [1] for name in dims}, "stop_words": [-1]}
+    assert dims == {**{name: [1] for name in dims}, **{k: v for k, v in TRTLLM_DIMS.items() if k != "text_output"}}
     assert unbatched.ensemble_scheduling == batched.ensemble_scheduling
 
 
@@ -58,7 +59,7 @@ def test_the_ensemble_has_tensorrt_llms_batch_dimension_and_dims_and_the_unbatch
 def test_the_ensemble_exposes_exactly_the_tensorrt_llm_contract(repo, name):
     ensemble = repo[1][name]
     inputs = {t.name: (TYPE(t.data_type), t.optional) for t in ensemble.input}
-    assert inputs == {name: (spec[1], not spec[2]) for name, spec in INPUTS.items()}
+    assert inputs == {name: (spec[1], not spec[2]) for name, spec in TEXT_INPUTS.items()}
     assert {t.name: TYPE(t.data_type) for t in ensemble.output} == OUTPUTS
 
 

@@ -1,4 +1,5 @@
-"""Waiting on conditions of the session's tritonserver (never fixed sleeps), and pacing its decoding steps."""
+"""Waiting on conditions of the session's tritonserver (never fixed sleeps), pacing its decoding steps, and
+checking that it is still healthy after a refused request."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def steps_until_idle(triton, gate: StepGateControl, max_steps: int = 4, wait_s: 
             time.sleep(0.02)
             in_flight = metric_total(triton, "dflash_requests_in_flight")
     return steps
+
+
+def is_healthy(triton) -> bool:
+    """Ready, and still answering a small request."""
+    from dflash_trt.serving.client import generate
+
+    with urllib.request.urlopen(triton.config.http_url + "/v2/health/ready", timeout=5) as response:
+        ready = response.status == 200
+    return ready and generate(triton.config.http_url, "still there?", 2)["num_output_tokens"] == 2
+
+
+def post(triton, body: dict) -> dict:
+    """A raw /generate body for the ensemble, so that any field can be left out or added."""
+    from dflash_trt.serving.client import MODEL, _post_json
+
+    return _post_json(f"{triton.config.http_url}/v2/models/{MODEL}/generate", body, 60)

@@ -14,7 +14,8 @@ class TritonPythonModel:
 
     Inputs (dims [1] unless noted): text_input STRING, max_tokens INT32, optional stream BOOL,
     temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
-    exclude_input_in_output BOOL.
+    exclude_input_in_output BOOL; and TensorRT-LLM's other optional inputs (bad_words, beam_width, ...:
+    dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values.
     Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
     request gets an error response naming the bad input.
     Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
@@ -24,7 +25,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = triton_io.parse_model_config(args)
         name = args["model_name"]
-        triton_io.check_tensors(config, name, {k: v[1] for k, v in requests.INPUTS.items()},
+        triton_io.check_tensors(config, name, {k: v[1] for k, v in requests.TEXT_INPUTS.items()},
                                 {"input_ids": "TYPE_INT32"})
         params = triton_io.model_parameters(config)
         defaults = requests.RequestLimits()
@@ -40,7 +41,7 @@ class TritonPythonModel:
         responses = []
         for request in requests_:
             try:
-                arrays = triton_io.read_inputs(pb_utils, request, requests.INPUTS)
+                arrays = triton_io.read_inputs(pb_utils, request, requests.TEXT_INPUTS)
                 request_ = requests.parse_request(arrays, self.limits)
                 ids = self.preprocessor.prompt_ids(request_)
                 responses.append(triton_io.response(pb_utils, {"input_ids": np.array(ids, dtype=np.int32)}))
