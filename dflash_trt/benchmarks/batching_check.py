@@ -239,6 +239,7 @@ def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckR
     from .prompts import heldout_prompts
 
     config.validate()
+    _require_local_engine(config.engine)  # before serving: the reference runs in this process
     records = heldout_prompts(config.prompts_dir, config.families, NO_LIMIT)
     requests = make_requests(records, config.num_requests, config.min_tokens, config.max_tokens, config.seed)
     families = sorted({r.family for r in requests})
@@ -253,6 +254,16 @@ def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckR
     expected = reference_outputs(config.engine, requests, config.chat, config.reference, _progress("alone", log))
     tokenizer, _engine = tokenizer_for(config.engine)
     return CheckReport(requests, served, expected, compare(tokenizer, requests, served, expected))
+
+
+def _require_local_engine(engine_dir: Path) -> None:
+    from ..engine import load_engine
+    from .run import LOCAL_RUNTIMES
+
+    runtime = load_engine(engine_dir, verify=False, load_models=False).runtime
+    if runtime not in LOCAL_RUNTIMES:
+        raise DFlashError(f"{engine_dir}: the reference generation runs {' and '.join(LOCAL_RUNTIMES)} engines in "
+                          f"process, not {runtime}; check the torch engine of the same pair")
 
 
 def _serve(config: CheckConfig, requests: list[CheckRequest], log) -> list[Served]:

@@ -49,6 +49,9 @@ def run(args) -> int:
     from ..benchmarks.batching_check import format_report, run_check
     from ..engine.build import ensure_engine
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars are noise between the progress lines
     log = lambda line: print(line, flush=True)  # noqa: E731
     config = CheckConfig(engine=ensure_engine(args.engine, log=log), url=args.url, num_requests=args.requests,
                          concurrency=args.concurrency,
