@@ -302,25 +302,3 @@ class _progress:
     def __call__(self, done: int, total: int) -> None:
         if done == total or done % max(1, total // 10) == 0:
             self.log(f"  {self.what} {done}/{total}")
-
-
-def format_report(report: CheckReport, show: int = 5) -> str:
-    s = report.summary()
-    lines = [f"requests {s['requests']}, tokens served {s['served_tokens']}, reference {s['reference_tokens']}; "
-             f"identical {s['identical']}, different {s['different']} (errors {s['errors']})"]
-    for d in report.differences[:show]:
-        r = d.request
-        head = f"request {r.index} ({r.family}, max_tokens {r.max_tokens}):"
-        if d.served.error:
-            lines.append(f"{head} error: {d.served.error}")
-            continue
-        token = (f", reference token {d.expected.token_ids[d.position]}"
-                 if d.position < len(d.expected.token_ids) else "")
-        lines.append(f"{head} first different token at position {d.position}{token}; served "
-                     f"{d.served.num_output_tokens} tokens ({d.served.finish_reason or '-'}), reference "
-                     f"{len(d.expected.token_ids)} ({d.expected.finish_reason})")
-        lines.append(f"  served:    {d.served.text[:160]!r}")
-        lines.append(f"  reference: {d.expected.text[:160]!r}")
-    if len(report.differences) > show:
-        lines.append(f"... and {len(report.differences) - show} more")
-    return "\n".join(lines)

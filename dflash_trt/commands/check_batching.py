@@ -46,7 +46,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..benchmarks.batching_check import format_report, run_check
+    from ..benchmarks.batching_check import run_check
     from ..engine.build import ensure_engine
 
     from transformers.utils import logging as hf_logging
@@ -62,3 +62,26 @@ def run(args) -> int:
     report = run_check(config, log)
     print(format_report(report))
     return 0 if not report.differences else 1
+
+
+def format_report(report, show: int = 5) -> str:
+    """The counts, then the first `show` differences with the position of their first different token."""
+    s = report.summary()
+    lines = [f"requests {s['requests']}, tokens served {s['served_tokens']}, reference {s['reference_tokens']}; "
+             f"identical {s['identical']}, different {s['different']} (errors {s['errors']})"]
+    for d in report.differences[:show]:
+        r = d.request
+        head = f"request {r.index} ({r.family}, max_tokens {r.max_tokens}):"
+        if d.served.error:
+            lines.append(f"{head} error: {d.served.error}")
+            continue
+        token = (f", reference token {d.expected.token_ids[d.position]}"
+                 if d.position < len(d.expected.token_ids) else "")
+        lines.append(f"{head} first different token at position {d.position}{token}; served "
+                     f"{d.served.num_output_tokens} tokens ({d.served.finish_reason or '-'}), reference "
+                     f"{len(d.expected.token_ids)} ({d.expected.finish_reason})")
+        lines.append(f"  served:    {d.served.text[:160]!r}")
+        lines.append(f"  reference: {d.expected.text[:160]!r}")
+    if len(report.differences) > show:
+        lines.append(f"... and {len(report.differences) - show} more")
+    return "\n".join(lines)

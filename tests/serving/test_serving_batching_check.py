@@ -54,3 +54,19 @@ def test_24_requests_at_concurrency_8_get_the_tokens_they_get_alone(tiny_engine,
     assert "identical 24, different 0 (errors 0)" in out, out
     assert rc == 0
     assert "served 24/24" in out and "alone 24/24" in out
+
+
+def test_the_report_counts_requests_and_tokens_and_shows_where_an_output_first_differs():
+    from dflash_trt.benchmarks.batching_check import CheckReport, Difference
+    from dflash_trt.commands.check_batching import format_report
+
+    requests = [CheckRequest(i, "chat", "p", 4) for i in range(3)]
+    expected = [Expected([5, 6, 7, 8], "abcd", "length")] * 3
+    served = [Served("abcd", 4, "length"), Served("abxy", 4, "length"), Served(error="RequestFailed: boom")]
+    differences = [Difference(requests[1], served[1], expected[1], 2),
+                   Difference(requests[2], served[2], expected[2], 0)]
+    text = format_report(CheckReport(requests, served, expected, differences))
+    assert text.splitlines()[0] == ("requests 3, tokens served 8, reference 12; identical 1, different 2 "
+                                    "(errors 1)")
+    assert "request 1 (chat, max_tokens 4): first different token at position 2, reference token 7" in text
+    assert "request 2 (chat, max_tokens 4): error: RequestFailed: boom" in text
