@@ -41,6 +41,8 @@ OPENAI_PORT ?=
 LAUNCHER ?= auto
 # Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
 BENCH_ARGS ?=
+# Batching check: extra options of `dflash-trt check-batching` (e.g. --requests 40 --concurrency 8).
+CHECK_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
 # GPU check: the Python with a CUDA torch (the venv's when it exists; a GPU image's own python3 otherwise, since
@@ -48,7 +50,7 @@ AIPERF_ARGS ?=
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench drafter bench-aiperf gpu-check
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench check-batching drafter bench-aiperf gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -95,6 +97,9 @@ serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PO
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
+
+check-batching: setup ## Served in-flight batching against each request alone (500 at concurrency 16): [ENGINE=...] [CHECK_ARGS=...]
+	$(BIN)/dflash-trt check-batching --engine $(ENGINE) $(CHECK_ARGS)
 
 bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
 	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)

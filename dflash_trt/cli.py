@@ -12,7 +12,8 @@ import sys
 
 from .errors import DFlashError
 
-COMMANDS = ("generate", "bench", "bench_report", "demo", "engine", "plan", "repo", "serve", "openai", "train_drafter")
+COMMANDS = ("generate", "bench", "bench_report", "check_batching", "demo", "engine", "plan", "repo", "serve", "openai",
+            "train_drafter")
 
 
 def build_parser() -> argparse.ArgumentParser:

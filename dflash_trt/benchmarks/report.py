@@ -3,7 +3,8 @@
 summary.json keys: engine, block_size (the headline size: the largest swept), machine, settings,
 tau, speedup, identical, acceptance_histogram (all at the headline size, over every prompt),
 sweep {block size: figures}, per_family {family: the same figures plus its own sweep}, and serving
-({"dflash"|"plain"[|"dflash-sequential"]: {concurrency: load figures}, "speedup": {concurrency: tokens/s
+({"dflash"|"plain"[|"dflash-sequential"]: {concurrency: load figures, with "drafting": the mean block size
+and plain-step share of the level from the dflash counters}, "speedup": {concurrency: tokens/s
 ratio}, "goodput": best throughput at fixed interactivity per mode}, or null when the serving part was
 skipped).
 """
@@ -103,15 +104,20 @@ def _serving_lines(serving: dict, settings: dict) -> list[str]:
     lines = [f"Serving: Triton ensemble, gRPC streaming, {settings['duration_s']:.0f} s per level, "
              f"{settings['instances']} dflash instance(s) batching in flight; DFlash vs plain decoding (block size 1)",
              f"{'mode':<18}{'conc':>5}{'tok/s':>9}{'TTFT p50/p99 ms':>19}{'ITL p50/p99 ms':>18}{'TPOT ms':>9}"
-             f"{'user tok/s min':>15}{'requests':>10}{'errors':>8}"]
+             f"{'user tok/s min':>15}{'block':>7}{'plain':>7}{'requests':>10}{'errors':>8}"]
     modes = [mode for mode in ("dflash", "plain", "dflash-sequential") if mode in serving]
     for mode in modes:
         for level, r in serving[mode].items():
             user = r.get("user_tokens_per_s")
             user_min = "-" if not user else f"{user['min']:.1f}"
+            drafting = r.get("drafting")
+            block = "-" if not drafting else f"{drafting['mean_block_size']:.2f}"
+            plain = "-" if not drafting else f"{100 * drafting['plain_step_share']:.0f}%"
             lines.append(f"{mode:<18}{level:>5}{r['output_tokens_per_s']:>9.1f}{_pair(r['ttft_ms']):>19}"
-                         f"{_pair(r['itl_ms']):>18}{_ms(r['tpot_ms']):>9}{user_min:>15}{r['num_requests']:>10}"
-                         f"{r['num_errors']:>8}")
+                         f"{_pair(r['itl_ms']):>18}{_ms(r['tpot_ms']):>9}{user_min:>15}{block:>7}{plain:>7}"
+                         f"{r['num_requests']:>10}{r['num_errors']:>8}")
+    lines.append("block: tokens verified per sequence and step (drafts + 1; the adaptive policy's choice, shortened "
+                 "last blocks included); plain: share of those steps that drafted nothing")
     ratios = " ".join(f"c={level}: {_times(ratio)}" for level, ratio in serving["speedup"].items())
     lines.append(f"throughput speedup (DFlash / plain): {ratios}")
     goodput = serving.get("goodput")

@@ -64,6 +64,7 @@ def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> 
 
 def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:
     from ..serving.client import GrpcStream
+    from ..serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
     from ..serving.server import serve_on_free_ports
 
     log_path = Path(config.out) / "logs" / f"triton-{mode}.log"
@@ -77,8 +78,11 @@ def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[st
 
         _warm_up(open_stream(), prompts[0], config.request_timeout_s)
         for level in config.concurrency:
+            before = scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS)
             result = run_level(open_stream, prompts, level, config.duration_s, config.max_new_tokens,
                                config.request_timeout_s, temperature=0.0).summary()
+            # What the block-size policy chose under this load, from the dflash model's counters.
+            result["drafting"] = drafting_figures(before, scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS))
             levels[str(level)] = result
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")

@@ -248,11 +248,9 @@ def _wait_for_gateway(url: str, timeout_s: float) -> str:
 
 
 def _counters(metrics_url: str) -> dict[str, float]:
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    names = ("dflash_spec_steps_total", "dflash_accepted_draft_tokens_total")
-    return {name: sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
-            for name in names}
+    from dflash_trt.serving.metrics import scrape_totals
+
+    return scrape_totals(metrics_url, ("dflash_spec_steps_total", "dflash_accepted_draft_tokens_total"))
 
 
 def _output(command: list[str]) -> str:

@@ -17,6 +17,7 @@ COUNTERS = {
     "dflash_draft_tokens_total": "Draft tokens proposed by the DFlash drafter",
     "dflash_accepted_draft_tokens_total": "Draft tokens accepted by the target",
     "dflash_spec_steps_total": "Verify steps (one target forward each)",
+    "dflash_plain_steps_total": "Verify steps that drafted nothing (block size 1: the policy chose plain decoding)",
     "dflash_generated_tokens_total": "Tokens sent to clients",
 }
 # Seconds from a request's arrival at the dflash model to its first token, and between two token releases
@@ -92,6 +93,8 @@ class DFlashMetrics:
                 self.acceptance.observe(acceptance_length)
                 self.counters["dflash_spec_steps_total"].increment(1)
                 self.counters["dflash_draft_tokens_total"].increment(num_draft_tokens)
+                if num_draft_tokens == 0:
+                    self.counters["dflash_plain_steps_total"].increment(1)
                 self.counters["dflash_accepted_draft_tokens_total"].increment(acceptance_length - 1)
             if num_sent_tokens:
                 self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
@@ -103,6 +106,34 @@ class DFlashMetrics:
                 self.canary_gauges = {name: self.families[name].Metric(labels=self._labels) for name in CANARY_GAUGES}
             self.canary_gauges["dflash_canary_acceptance_rate"].set(acceptance_rate)
             self.canary_gauges["dflash_canary_acceptance_length"].set(tau)
+
+
+def scrape_totals(metrics_url: str, names, timeout_s: float = 10.0) -> dict[str, float]:
+    """Each named metric summed over its labels, read from Triton's metrics port (0 when absent)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode()
+    return {name: sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+            for name in names}
+
+
+def drafting_figures(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """What the drafter did between two scrapes of DRAFTING_COUNTERS, per verify step of a sequence:
+    mean_block_size (tokens verified: drafts + 1), plain_step_share (steps with no drafts), tau."""
+    delta = {name: after[name] - before[name] for name in DRAFTING_COUNTERS}
+    steps = delta["dflash_spec_steps_total"]
+    if steps <= 0:
+        return None
+    return {"verify_steps": int(steps),
+            "mean_block_size": 1 + delta["dflash_draft_tokens_total"] / steps,
+            "plain_step_share": delta["dflash_plain_steps_total"] / steps,
+            "tau": 1 + delta["dflash_accepted_draft_tokens_total"] / steps}
+
+
+DRAFTING_COUNTERS = ("dflash_spec_steps_total", "dflash_draft_tokens_total", "dflash_plain_steps_total",
+                     "dflash_accepted_draft_tokens_total")
 
 
 class RequestClock:

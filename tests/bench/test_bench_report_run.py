@@ -110,3 +110,25 @@ def test_a_multi_turn_prompt_is_encoded_with_the_chat_template(bench_engine):
         encode_prompt(target, conversation, chat=False)
     with pytest.raises(DFlashError, match="ending on a user turn"):
         encode_prompt(target, conversation[:2], chat=True)
+
+
+def test_served_table_shows_the_mean_block_size_and_plain_share_per_level():
+    from dflash_trt.benchmarks.report import _serving_lines
+
+    def level(drafting):
+        return {"output_tokens_per_s": 50.0, "ttft_ms": {"p50": 1.0, "p99": 2.0}, "itl_ms": {"p50": 1.0, "p99": 2.0},
+                "tpot_ms": 1.0, "user_tokens_per_s": {"min": 5.0}, "num_requests": 3, "num_errors": 0,
+                "drafting": drafting}
+
+    serving = {"dflash": {"1": level({"mean_block_size": 6.5, "plain_step_share": 0.0}),
+                          "16": level({"mean_block_size": 1.25, "plain_step_share": 0.875})},
+               "plain": {"1": level({"mean_block_size": 1.0, "plain_step_share": 1.0}), "16": level(None)},
+               "speedup": {"1": 1.0, "16": 1.0}}
+    lines = _serving_lines(serving, {"duration_s": 10.0, "instances": 1})
+    header = lines[1].split()
+    assert header[header.index("block"):header.index("block") + 2] == ["block", "plain"]
+    rows = {tuple(line.split()[:2]): line.split() for line in lines[2:6]}
+    assert rows[("dflash", "1")][-4:-2] == ["6.50", "0%"]
+    assert rows[("dflash", "16")][-4:-2] == ["1.25", "88%"]
+    assert rows[("plain", "1")][-4:-2] == ["1.00", "100%"]
+    assert rows[("plain", "16")][-4:-2] == ["-", "-"]  # a level without verify steps

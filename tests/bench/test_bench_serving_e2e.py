@@ -10,7 +10,7 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.run import run_bench
 
 LEVEL_KEYS = {"concurrency", "duration_s", "num_requests", "num_errors", "error_examples", "output_tokens",
-              "output_tokens_per_s", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms", "user_tokens_per_s"}
+              "output_tokens_per_s", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms", "user_tokens_per_s", "drafting"}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,12 @@ def test_serving_section_has_both_modes_at_every_level(served_run):
             assert set(figures) == LEVEL_KEYS, (mode, level)
             assert figures["num_errors"] == 0, figures["error_examples"]
             assert figures["num_requests"] >= 1 and figures["output_tokens"] > 0
+    for figures in serving["plain"].values():  # block size 1: every verify step is a plain one
+        assert figures["drafting"]["mean_block_size"] == 1.0 and figures["drafting"]["plain_step_share"] == 1.0
+    for figures in serving["dflash"].values():  # the adaptive policy chooses within 1 .. the engine's 4
+        drafting = figures["drafting"]
+        assert 0.0 <= drafting["plain_step_share"] <= 1.0
+        assert 1.0 <= drafting["mean_block_size"] <= 1.0 + 3 * (1.0 - drafting["plain_step_share"]) + 1e-9
     assert set(serving["speedup"]) == {"1", "2"}
     goodput = serving["goodput"]
     assert goodput["min_user_tokens_per_s"] == 0.5

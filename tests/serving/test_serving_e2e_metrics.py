@@ -34,7 +34,7 @@ def test_metrics_are_published_with_the_model_label(triton):
     values = scrape(triton)
     for name in ("dflash_requests_in_flight", "dflash_draft_tokens_total", "dflash_accepted_draft_tokens_total",
                  "dflash_spec_steps_total", "dflash_generated_tokens_total", "dflash_acceptance_length_count",
-                 "dflash_acceptance_length_sum"):
+                 "dflash_acceptance_length_sum", "dflash_plain_steps_total"):
         assert name in values, name
     assert values["dflash_requests_in_flight"] == 0
 

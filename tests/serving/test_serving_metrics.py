@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dflash_trt.serving.metrics import ACCEPTANCE_BUCKETS, DFlashMetrics
+from dflash_trt.serving.metrics import ACCEPTANCE_BUCKETS, DRAFTING_COUNTERS, DFlashMetrics, drafting_figures
 
 NAMES = {"dflash_requests_in_flight", "dflash_acceptance_length", "dflash_draft_tokens_total",
          "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total",
-         "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length",
+         "dflash_plain_steps_total", "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length",
          "dflash_time_to_first_token_seconds", "dflash_inter_token_latency_seconds"}
 
 
@@ -25,8 +25,26 @@ def test_a_verify_step_updates_every_counter(fake_pb):
     metrics.step(acceptance_length=4, num_draft_tokens=7, num_sent_tokens=4)
     values = {name: m.value for name, m in metrics.counters.items()}
     assert values == {"dflash_draft_tokens_total": 7, "dflash_accepted_draft_tokens_total": 3,
-                      "dflash_spec_steps_total": 1, "dflash_generated_tokens_total": 5}
+                      "dflash_spec_steps_total": 1, "dflash_generated_tokens_total": 5,
+                      "dflash_plain_steps_total": 0}
     assert metrics.acceptance.observations == [4]
+
+
+def test_a_step_without_drafts_counts_as_plain(fake_pb):
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    metrics.step(acceptance_length=1, num_draft_tokens=0, num_sent_tokens=1)  # the policy chose block size 1
+    metrics.step(acceptance_length=2, num_draft_tokens=3, num_sent_tokens=2)
+    assert metrics.counters["dflash_plain_steps_total"].value == 1
+    assert metrics.counters["dflash_spec_steps_total"].value == 2
+
+
+def test_drafting_figures_are_per_verify_step_between_two_scrapes():
+    before = dict.fromkeys(DRAFTING_COUNTERS, 100.0)
+    after = {"dflash_spec_steps_total": 110.0, "dflash_draft_tokens_total": 128.0,
+             "dflash_plain_steps_total": 104.0, "dflash_accepted_draft_tokens_total": 112.0}
+    figures = drafting_figures(before, after)
+    assert figures == {"verify_steps": 10, "mean_block_size": 3.8, "plain_step_share": 0.4, "tau": 2.2}
+    assert drafting_figures(before, before) is None  # no step in between
 
 
 def test_in_flight_goes_up_and_down(fake_pb):
