@@ -145,6 +145,7 @@ def run(config: VllmCompareConfig, log=print) -> dict:
     results = {"vllm": {}, "ours": {}}
     for mode in ("dflash", "plain"):
         results["vllm"][mode] = run_vllm(python, job_path, mode, config, log)
+        (out / "results.json").write_text(json.dumps(results))  # kept if a later part fails
     torch.set_num_threads(config.threads)
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores[:config.threads])  # the cores vLLM's threads were bound to
@@ -152,6 +153,7 @@ def run(config: VllmCompareConfig, log=print) -> dict:
         for mode, model in (("dflash", drafter), ("plain", None)):
             results["ours"][mode] = measure_mode(target, model, prompts, config.max_new_tokens,
                                                  list(config.batch_sizes), config.batch1_prompts, log, mode)
+            (out / "results.json").write_text(json.dumps(results))
     finally:
         os.sched_setaffinity(0, cores)
     settings = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)

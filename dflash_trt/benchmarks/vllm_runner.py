@@ -54,7 +54,8 @@ def engine_kwargs(job: dict, mode: str, enforce_eager: bool) -> dict:
     batch = max(job["batch_sizes"] + [1])
     kwargs = {"model": job["model"], "tokenizer": job["model"], "dtype": "float32", "seed": 0,
               "max_model_len": longest, "max_num_seqs": batch,
-              "max_num_batched_tokens": max(2048, batch * longest), "enforce_eager": enforce_eager}
+              "max_num_batched_tokens": max(2048, batch * longest), "enforce_eager": enforce_eager,
+              "disable_log_stats": False}  # keeps the speculative-decoding counters of get_metrics()
     if mode == "dflash":
         kwargs["speculative_config"] = {"method": "dflash", "model": job["drafter"],
                                         "num_speculative_tokens": job["num_speculative_tokens"]}
