@@ -45,12 +45,14 @@ BENCH_ARGS ?=
 CHECK_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
+# vLLM CPU side by side with ours: extra options (e.g. --max-new-tokens 32 --batch-sizes 4 --batch1-prompts 4).
+VLLM_ARGS ?=
 # GPU check: the Python with a CUDA torch (the venv's when it exists; a GPU image's own python3 otherwise, since
 # the check must not install anything) and extra options (e.g. --quick, --target-layers 8, --budget-s 300).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench check-batching drafter bench-aiperf gpu-check
+.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench check-batching drafter bench-aiperf bench-vllm gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -103,6 +105,9 @@ check-batching: setup ## Served in-flight batching against each request alone (5
 
 bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
 	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)
+
+bench-vllm: setup ## vLLM CPU (own venv .venv-vllm) vs ours on the demo pair, DFlash and plain, batch 1/16/32: [OUT=out/bench-vllm] [VLLM_ARGS=...]
+	$(BIN)/python -m dflash_trt.benchmarks.vllm_compare --out $(or $(OUT),out/bench-vllm) $(VLLM_ARGS)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why [CUDA_ARCHS="90;100"]
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)" \

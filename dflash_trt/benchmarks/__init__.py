@@ -4,6 +4,8 @@ Modules: config (BenchConfig, the one place of every default), prompts (held-out
 sweep (tau and decode-phase speedup against block size 1, interleaved), loadgen (gRPC streaming load
 at a fixed concurrency), serving (Triton repositories for DFlash and plain decoding, one server each),
 report (summary.json and the printed table), plots (matplotlib PNGs), run (all of it, in order).
+`make bench-vllm`: vllm_compare (vLLM's CPU build and ours side by side), vllm_runner (its vLLM side, run
+in vLLM's own venv), vllm_ours (our side, through the Scheduler), vllm_report (its table and ratios).
 """
 
 from __future__ import annotations
