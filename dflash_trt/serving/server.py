@@ -159,9 +159,11 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.returncode is not None:
                 self._join_pump()
-                raise ServerError(self._failure("tritonserver exited with status %d" % self.returncode))
+                exited = "tritonserver exited with status %d" % self.returncode
+                # Triton may exit on a failed load before the pump has shown us the error: name it all the same.
+                raise ServerError(self._failure(f"a model failed to load ({exited})" if load_errors(self.log) else exited))
             if load_errors(self.log):
-                time.sleep(1.0)  # let the rest of the traceback arrive
+                self._await_load_failure(deadline)
                 self.stop()
                 raise ServerError(self._failure("a model failed to load"))
             if self.is_ready():
@@ -169,6 +171,14 @@ class TritonServer:
             time.sleep(0.25)
         self.stop()
         raise ServerError(self._failure(f"tritonserver not ready after {self.config.ready_timeout_s:.0f} s"))
+
+    def _await_load_failure(self, deadline: float) -> None:
+        """After the first sign of a failed load, wait (however slow the machine) until Triton has named the
+        model and its error, or has exited, so the report says which model failed and why."""
+        while time.monotonic() < deadline and self._process.poll() is None and not _MODEL_FAILURE.search(self.log):
+            time.sleep(0.25)
+        if self._process.poll() is not None:
+            self._join_pump()  # the rest of the log, up to the exit
 
     def _failure(self, headline: str) -> str:
         errors = explain_load_errors(self.log)
