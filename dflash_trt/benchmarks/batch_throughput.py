@@ -4,7 +4,8 @@
 
 For each batch size B and block size S: B chat prompts (each asking several held-out questions, about
 --prompt-tokens tokens) are prefilled, then, once all B run, --steps decoding steps are timed;
-output tok/s = tokens committed in those steps / their wall time. Requests never stop early (no stop
+output tok/s = tokens committed in those steps / their wall time, and per CPU second of the process (on a
+shared machine the steadier of the two: it does not count the time other processes hold the cores). Requests never stop early (no stop
 ids, max_new_tokens large enough), so every level decodes a full batch. Prints one JSON line per level,
 with a digest of the committed tokens (equal digests: equal outputs).
 """
@@ -40,13 +41,14 @@ def run_level(target, drafter, prompts, batch_size: int, block_size: int, steps:
     while scheduler.num_running < batch_size:
         step()
     step()  # the first step of the full batch pays for its allocations
-    start, committed = time.perf_counter(), 0
+    start, cpu_start, committed = time.perf_counter(), time.process_time(), 0
     for _ in range(steps):
         committed += step()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     digest = hashlib.sha256(json.dumps([tokens[k] for k in sorted(tokens)]).encode()).hexdigest()[:12]
     return {"batch_size": batch_size, "block_size": block_size, "steps": steps, "tokens": committed,
             "seconds": round(elapsed, 3), "tok_per_s": round(committed / elapsed, 2),
+            "cpu_seconds": round(cpu, 3), "tok_per_cpu_s": round(committed / cpu, 2),
             "context_tokens": scheduler.running.width, "tokens_digest": digest,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
