@@ -17,7 +17,9 @@ inference tensors, like the prefill's). Buffers start zeroed, so stale slots alw
 values, which the masks then exclude exactly.
 
 The object speaks the part of Hugging Face's Cache protocol that decoder layers use (`update`,
-`get_seq_length`).
+`get_seq_length`). Forwards over it run sdpa targets through `grouped_sdpa` (the GROUPED_SDPA attention
+implementation): Hugging Face's sdpa repeats every key/value head for grouped-query attention whenever a
+mask is given (a copy of the whole cache per layer and step), torch's SDPA takes the groups itself.
 """
 
 from __future__ import annotations
@@ -30,6 +32,30 @@ from .errors import CompatibilityError
 
 # Attention implementations whose masks `prepare` can build: boolean (True = attend) or additive floats.
 MASK_FORMATS = {"sdpa": "bool", "eager": "additive"}
+GROUPED_SDPA = "dflash_grouped_sdpa"
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                 **kwargs):
+    """torch SDPA over query heads [B, Hq, T, D] and key/value heads [B, Hkv, W, D] (Hq a multiple of Hkv),
+    with the explicit mask of BatchKVCache.prepare: the same attention as Hugging Face's sdpa, without
+    materializing repeated key/value heads."""
+    groups = query.shape[1] // key.shape[1]
+    if query.shape[2] == 1 and groups > 1:  # torch's single-query GQA path is slow on strided views
+        key, value = key.contiguous(), value.contiguous()
+    causal = attention_mask is None and query.shape[2] > 1 and is_causal is not False
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=causal,
+                                                           enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_grouped_sdpa() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
 
 
 @dataclass(frozen=True)

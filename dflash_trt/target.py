@@ -17,7 +17,7 @@ from torch import nn
 from .config import DrafterConfig
 from .cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
 from .errors import CompatibilityError, ConfigError
-from .kv_cache import BatchKVCache, MaskSpec
+from .kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TargetModel:
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.layers = _decoder_layers(model, source)
         self._draft_head: nn.Module | None = None
+        register_grouped_sdpa()
 
     @property
     def num_layers(self) -> int:
@@ -104,10 +105,17 @@ class TargetModel:
         """
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
+        # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only.
+        attention = self.config._attn_implementation
+        grouped = isinstance(cache, BatchKVCache) and attention == "sdpa"
         try:
+            if grouped:
+                self.config._attn_implementation = GROUPED_SDPA
             out = self.model(input_ids=token_ids, position_ids=position_ids, attention_mask=attention_mask,
                              past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
+            if grouped:
+                self.config._attn_implementation = attention
             for hook in hooks:
                 hook.remove()
         features = torch.cat([captured[i] for i in feature_layer_ids], dim=-1) if feature_layer_ids else None

@@ -207,3 +207,32 @@ def test_ragged_batch_with_sliding_window_layers_emits_the_tokens_of_plain_decod
         assert step < 500
     for i in range(len(prompts)):
         assert tokens[i] == references[i][:new_tokens - 3 * (i % 3)], f"request {i}"
+
+
+@pytest.mark.parametrize("num_new", [1, 4])
+def test_grouped_sdpa_attends_as_hugging_faces_sdpa_without_repeating_heads(num_new):
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from dflash_trt.kv_cache import grouped_sdpa
+
+    cache = make_cache([3, 9, 5], spec=BOOL)
+    mask = cache.prepare(num_new)
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 6, num_new, DIM, generator=generator)
+    key = torch.randn(3, HEADS, 20, DIM, generator=generator)[:, :, :9 + num_new]  # strided, as cache views are
+    value = torch.randn(3, HEADS, 20, DIM, generator=generator)[:, :, :9 + num_new]
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.5)
+    got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.5)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_batch_forward_leaves_the_targets_attention_implementation_as_it_was():
+    target = TargetModel(make_tiny_target("llama"))
+    scheduler = Scheduler(target, None, 1, SchedulerLimits(max_batch_size=2), FixedBlockSize(1))
+    scheduler.add_request([1, 2, 3], SamplingParams(max_new_tokens=3))
+    while scheduler.has_unfinished:
+        scheduler.step()
+    assert target.config._attn_implementation == "sdpa"
