@@ -1,10 +1,10 @@
 """The state of a decoding batch: per-request bookkeeping and the tensors the rows share.
 
-The target's KV cache is shared in length and right-aligned: every row's valid slots are contiguous at
-the end, with left padding masked out, so each row computes what it would alone. That makes the batch
-easy to reshape between steps: a newcomer joins by left-padding the shorter of the two caches and
-concatenating along the batch dimension (`merge`); a row leaves by index selection (`select`); columns
-that are padding in every row are cut off (`trim`), so the cache is never wider than its longest row.
+The target's KV cache (kv_cache.BatchKVCache) keeps every row left-aligned at its own length, in
+preallocated buffers, so each row computes what it would alone and a step writes only its new tokens.
+Reshaping the batch between steps is cheap too: a newcomer's rows are written after the running rows
+(`merge`); a leaving row's place is taken by the rows behind it (`select`); capacity no remaining row can
+reach is given back (`trim`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .errors import DFlashError
+from .kv_cache import BatchKVCache
 from .results import GenerationResult, StepOutput
 from .sampling import SamplingParams, new_seed
 
@@ -79,16 +80,16 @@ class Request:
 class RunningBatch:
     """Tensors shared by the rows; row b belongs to requests[b].
 
-    cache: the target's KV cache [B, ., width, .]; mask [B, width] marks valid slots. next_pos[b]: position
-    of last_token[b], the newest committed token, which is not in the cache yet. features [B, C, K*D]:
+    cache: the target's KV cache (kv_cache.BatchKVCache), row b holding positions 0 .. next_pos[b] - 1.
+    next_pos[b]: position of last_token[b], the newest committed token, which is not in the cache yet
+    (the cache's row length, kept by the cache alone). features [B, C, K*D]:
     target features of context rows the drafter has not seen, left-aligned, ctx_lens[b] valid per row.
     draft_cache: the drafter's context cache (None without a drafter).
     """
 
-    def __init__(self, requests: list[Request], cache, mask: torch.Tensor, next_pos: torch.Tensor,
-                 last_token: torch.Tensor, features: torch.Tensor | None, ctx_lens: torch.Tensor, draft_cache):
-        self.requests, self.cache, self.mask = requests, cache, mask
-        self.next_pos, self.last_token = next_pos, last_token
+    def __init__(self, requests: list[Request], cache: BatchKVCache, last_token: torch.Tensor,
+                 features: torch.Tensor | None, ctx_lens: torch.Tensor, draft_cache):
+        self.requests, self.cache, self.last_token = requests, cache, last_token
         self.features, self.ctx_lens, self.draft_cache = features, ctx_lens, draft_cache
 
     def __len__(self) -> int:
@@ -96,14 +97,19 @@ class RunningBatch:
 
     @property
     def width(self) -> int:
-        return self.mask.shape[1]
+        """KV slots of the longest row."""
+        return self.cache.width
+
+    @property
+    def next_pos(self) -> torch.Tensor:
+        return self.cache.lengths
 
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order); the others' memory is released."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.last_token.device)
         self.requests = [self.requests[r] for r in rows]
-        self.cache.batch_select_indices(index)
-        self.mask, self.next_pos, self.last_token = self.mask[index], self.next_pos[index], self.last_token[index]
+        self.cache.select(rows)
+        self.last_token = self.last_token[index]
         self.ctx_lens = self.ctx_lens[index]
         if self.features is not None:
             self.features = self.features[index]
@@ -112,36 +118,27 @@ class RunningBatch:
         self.trim()
 
     def drop_finished(self) -> None:
+        """Finished rows leave; the last running rows take their places (the fewest rows move)."""
         active = [row for row, request in enumerate(self.requests) if not request.is_finished]
         if len(active) != len(self.requests):
-            self.select(active)
+            self.select(fill_from_the_end(active))
 
     def trim(self) -> None:
-        """Cut off leading columns that are padding in every row, and unused draft-cache capacity."""
+        """Give back KV capacity no remaining row can reach (target and drafter), cut unused feature columns."""
         if not self.requests:
             return
-        used = self.mask.any(dim=0)
-        first = int(used.long().argmax()) if bool(used.any()) else self.width
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        longest = max(r.reserved_tokens for r in self.requests)
+        self.cache.release(longest)
         if self.features is not None:
             width = int(self.ctx_lens.max())
             self.features = self.features[:, :width]
         if self.draft_cache is not None:
-            shrink_draft_cache(self.draft_cache, max(r.reserved_tokens for r in self.requests))
+            shrink_draft_cache(self.draft_cache, longest)
 
     def merge(self, other: "RunningBatch") -> None:
         """Append the rows of `other` (a batch of newcomers) after this batch's rows."""
-        width = max(self.width, other.width)
-        self.mask = torch.cat((_pad_left(self.mask, width, False), _pad_left(other.mask, width, False)))
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat((_pad_left(mine.keys, width, 0, dim=2), _pad_left(theirs.keys, width, 0, dim=2)))
-            mine.values = torch.cat((_pad_left(mine.values, width, 0, dim=2),
-                                     _pad_left(theirs.values, width, 0, dim=2)))
+        self.cache.merge(other.cache)
         self.requests = self.requests + other.requests
-        self.next_pos = torch.cat((self.next_pos, other.next_pos))
         self.last_token = torch.cat((self.last_token, other.last_token))
         self.ctx_lens = torch.cat((self.ctx_lens, other.ctx_lens))
         if self.features is not None:
@@ -163,6 +160,15 @@ class RunningBatch:
         row_index = torch.arange(rows, device=new.device)[:, None].expand_as(columns)
         merged[row_index[keep], columns[keep]] = new[keep]
         self.features, self.ctx_lens = merged, self.ctx_lens + new_lens
+
+
+def fill_from_the_end(active: list[int]) -> list[int]:
+    """An order of the rows `active` (ascending) in which rows keep their place where they can and the
+    last ones fill the places of the others: [0, 2, 3, 5] -> [0, 5, 2, 3]."""
+    keep = len(active)
+    stay = {row for row in active if row < keep}
+    movers = iter(row for row in reversed(active) if row >= keep)
+    return [row if row in stay else next(movers) for row in range(keep)]
 
 
 def concat_draft_caches(cache, other) -> None:
@@ -197,15 +203,6 @@ def shrink_draft_cache(cache, capacity: int) -> None:
     elif getattr(cache, "k", None) and cache.k[0].shape[2] > capacity:
         cache.k = [t[:, :, :capacity] for t in cache.k]
         cache.v = [t[:, :, :capacity] for t in cache.v]
-
-
-def _pad_left(tensor: torch.Tensor, width: int, value, dim: int = 1) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat((torch.full(shape, value, dtype=tensor.dtype, device=tensor.device), tensor), dim=dim)
 
 
 def _pad_right(tensor: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:

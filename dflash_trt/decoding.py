@@ -1,7 +1,7 @@
 """The DFlash decoding step: draft a block, verify it, accept a prefix, commit; and the loop built on it.
 
-Several requests run as one batch (batch.py): each keeps its own positions, the target's KV cache is
-right-aligned with left padding masked out, so each row computes what it would alone. One step is four
+Several requests run as one batch (batch.py): each keeps its own positions and its own rows of the
+target's KV cache (kv_cache.py, left-aligned, masked per row), so each row computes what it would alone. One step is four
 small pieces, each its own function: `draft_block` (the drafter proposes S - 1 tokens after each row's
 last committed token), `verify_block` (one target forward over the block; the target's own choice at
 every position), `commit_block` (keep the accepted prefix plus the target's bonus token in the cache
@@ -42,8 +42,6 @@ class Verified:
     bonus: torch.Tensor  # [B] the token committed after the accepted drafts
     block_lens: torch.Tensor  # [B] real slots of each row's block
     features: torch.Tensor | None  # [B, S, K*D] target features of the block positions
-    mask: torch.Tensor  # [B, cached + S] the cache mask including the block
-    cached: int  # cache width before the block
 
 
 @dataclass
@@ -113,12 +111,11 @@ def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
     row's block length; drafts sampled from a q (the DFlash2 selector at T > 0) go through rejection
     sampling against it instead (acceptance.accept_row).
     """
-    num_rows, block_size = block.shape
+    block_size = block.shape[1]
     device = block.device
     positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
-    cached = batch.width
-    mask = torch.cat((batch.mask, torch.ones(num_rows, block_size, dtype=torch.bool, device=device)), dim=1)
-    out = target.forward(block, positions, mask.long(), batch.cache, layer_ids)
+    masks = batch.cache.prepare(block_size)  # the block is written at each row's own length
+    out = target.forward(block, positions, masks, batch.cache, layer_ids)
     if all(request.params.is_greedy for request in batch.requests):
         choices = torch.argmax(out.logits, dim=-1)
     else:  # slot j of row b draws output index len(tokens so far) + j of that request's stream
@@ -133,25 +130,18 @@ def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
                 a, token = acceptance.accept_row(out.logits[row], block[row], int(block_lens[row]), proposal, row,
                                                  request.params, request.generator)
                 accepted[row], bonus[row] = a, token
-    return Verified(choices, accepted, bonus, block_lens, out.features, mask, cached)
+    return Verified(choices, accepted, bonus, block_lens, out.features)
 
 
 @torch.inference_mode()
 def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, verified: Verified,
                  drafted: bool) -> list[StepOutput]:
     """Keep the accepted prefix + bonus token of every row in the cache and in its request."""
-    accepted, device = verified.accepted, block.device
-    # Keep the slots of the longest committed run; rows that committed fewer are shifted right so that
-    # their unused slots become left padding.
+    accepted = verified.accepted
+    # Each row keeps its accepted slots in place (the last committed token and the accepted drafts); the
+    # rest of its block becomes stale, masked, and overwritten by the next step.
+    batch.cache.set_lengths(batch.next_pos + accepted + 1)
     num_kept = int(accepted.max()) + 1
-    batch.cache.crop(verified.cached + num_kept)
-    shifts = num_kept - 1 - accepted
-    batch.mask = verified.mask[:, :verified.cached + num_kept]
-    if bool(shifts.any()):
-        target.shift_right(batch.cache, shifts)
-        width = batch.mask.shape[1]
-        batch.mask = torch.arange(width, device=device)[None, :] >= (shifts + (~batch.mask).sum(dim=1))[:, None]
-    batch.next_pos = batch.next_pos + accepted + 1
     if verified.features is not None:
         batch.append_features(verified.features[:, :num_kept], accepted + 1)
     batch.trim()

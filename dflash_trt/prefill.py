@@ -2,8 +2,9 @@
 
 A group's prompts are left-padded to a common width in a cache of their own (not the running batch's),
 and its columns are fed to the target a chunk at a time; each chunk sees the cache of the previous ones.
-When the last chunk is in, the group becomes a RunningBatch of its own with the first token of each
-request chosen, ready to take its first decoding step and then to join the running batch.
+When the last chunk is in, the group becomes a RunningBatch of its own (its cache realigned to the left,
+target.batch_cache) with the first token of each request chosen, ready to take its first decoding step
+and then to join the running batch.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class PrefillJob:
             self._last_logits = out.logits[:, -1]
         self.elapsed_s += time.perf_counter() - start_time
 
-    def finish(self, draft_capacity: int) -> tuple[RunningBatch, list[StepOutput]]:
-        """The prefilled group as a batch, with each request's first token committed."""
+    def finish(self, capacity: int) -> tuple[RunningBatch, list[StepOutput]]:
+        """The prefilled group as a batch, with each request's first token committed; capacity: KV slots a row
+        may need at most (the longest reservation), for the target's and the drafter's caches."""
         first_tokens = torch.zeros(len(self.requests), dtype=torch.long, device=self.mask.device)
         outputs = []
         for row, request in enumerate(self.requests):
@@ -78,7 +80,7 @@ class PrefillJob:
             index = (torch.arange(self.width, device=self.pad.device)[None, :] + self.pad[:, None]).clamp(
                 max=self.width - 1)
             features = torch.gather(padded, 1, index[:, :, None].expand(-1, -1, padded.shape[2]))
-        draft_cache = self.drafter.new_cache(len(self.requests), draft_capacity) if self.drafter else None
-        batch = RunningBatch(list(self.requests), self.cache, self.mask, self.lengths.clone(), first_tokens,
-                             features, self.lengths.clone(), draft_cache)
+        draft_cache = self.drafter.new_cache(len(self.requests), capacity) if self.drafter else None
+        cache = self.target.batch_cache(self.cache, self.lengths, capacity)
+        batch = RunningBatch(list(self.requests), cache, first_tokens, features, self.lengths.clone(), draft_cache)
         return batch, outputs

@@ -17,6 +17,7 @@ from torch import nn
 from .config import DrafterConfig
 from .cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
 from .errors import CompatibilityError, ConfigError
+from .kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
 
 
 @dataclass
@@ -35,6 +36,7 @@ class TargetModel:
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.layers = _decoder_layers(model, source)
         self._draft_head: nn.Module | None = None
+        register_grouped_sdpa()
 
     @property
     def num_layers(self) -> int:
@@ -79,39 +81,41 @@ class TargetModel:
         return True
 
     def new_cache(self):
-        # A plain DynamicCache keeps every position in every layer (also sliding-window ones), so it can be
-        # cropped after a rejected draft; the model still applies its sliding-window mask.
+        # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill uses
+        # it (the model builds its masks from a 2D padding mask), then batch_cache takes it over.
         from transformers import DynamicCache
         return DynamicCache()
 
-    @staticmethod
-    def shift_right(cache, shifts: torch.Tensor) -> None:
-        """Move row b of every cached layer right by shifts[b] slots (the vacated left slots become padding).
-
-        After a batched verify, shorter accepted runs leave unused slots at the end of their rows; shifting
-        turns them into left padding, so each row's valid slots stay contiguous and Hugging Face's
-        index-based causal and sliding-window masks keep matching positions.
-        """
-        for layer in cache.layers:
-            length = layer.keys.shape[-2]
-            source = (torch.arange(length, device=shifts.device)[None, :] - shifts[:, None]).clamp(min=0)
-            index = source[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = torch.gather(layer.keys, 2, index)
-            layer.values = torch.gather(layer.values, 2, index)
+    def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int) -> BatchKVCache:
+        """The decoding cache of a prefilled group: rows of `prefill_cache` (a cache from new_cache, rows
+        left-padded to a common width, row b holding lengths[b] tokens) realigned to the left, with room to
+        grow up to capacity_limit slots per row."""
+        spec = MaskSpec.from_config(self.config, self.model.get_input_embeddings().weight.dtype)
+        keys = [layer.keys for layer in prefill_cache.layers]
+        values = [layer.values for layer in prefill_cache.layers]
+        return BatchKVCache.from_left_padded(keys, values, lengths, spec, capacity_limit)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache, feature_layer_ids: Sequence[int] = (), last_only: bool = False) -> TargetOutput:
         """Run the target on new tokens [B,T] at position_ids [B,T].
 
-        attention_mask [B, cached + T] marks the valid cache slots (0 = left padding).
+        With a cache from new_cache, attention_mask [B, cached + T] marks the valid cache slots (0 = left
+        padding); with a BatchKVCache, it is what the cache's `prepare(T)` returned.
         """
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
+        # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only.
+        attention = self.config._attn_implementation
+        grouped = isinstance(cache, BatchKVCache) and attention == "sdpa"
         try:
+            if grouped:
+                self.config._attn_implementation = GROUPED_SDPA
             out = self.model(input_ids=token_ids, position_ids=position_ids, attention_mask=attention_mask,
                              past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
+            if grouped:
+                self.config._attn_implementation = attention
             for hook in hooks:
                 hook.remove()
         features = torch.cat([captured[i] for i in feature_layer_ids], dim=-1) if feature_layer_ids else None
