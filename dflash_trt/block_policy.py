@@ -14,8 +14,11 @@ maximizes expected committed tokens per second for the current batch size B:
 - cost(B, S): the measured wall time of past steps, kept separately for plain steps (S = 1, no drafter
   call) and drafted steps, as a moving average per number of verified tokens n = B * S; a size not
   measured yet is interpolated between the nearest measured sizes (extrapolated linearly beyond them).
-- exploration: the first step drafts, the second is plain (each mode measured once); then every
-  `explore_every`-th decision takes a neighbour of the best size, so estimates follow the load.
+- exploration: the first step drafts, the second is plain (each mode measured once); a batch size whose
+  plain cost is only extrapolated (no plain step measured within 25% of its token count, e.g. only at a
+  much smaller batch) gets one plain step before drafting is preferred there, since extrapolating from a
+  small batch overstates a plain step's cost; then every `explore_every`-th decision takes a neighbour of
+  the best size, so estimates follow the load.
 
 The choice never changes what is generated (verification is lossless at any block size), only how fast.
 `FixedBlockSize` pins the block size (the switch), e.g. 1 for the plain-decoding baseline.
@@ -91,6 +94,10 @@ class StepCosts:
     def __bool__(self) -> bool:
         return bool(self.seconds)
 
+    def measured_near(self, n: int, tolerance: float = 0.25) -> bool:
+        """Whether a step of about n tokens (within `tolerance` of n) was measured."""
+        return any(abs(m - n) <= tolerance * n for m in self.seconds)
+
     def estimate(self, n: int) -> float:
         if n in self.seconds:
             return self.seconds[n]
@@ -147,6 +154,8 @@ class AdaptiveBlockSize:
         if not self.plain:
             return 1
         best = self.best(batch_size)
+        if best > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
+            return 1  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
         if self.decisions % self.explore_every == 0 and len(self.sizes) > 1:
             index, step = self.sizes.index(best), 1 if (self.decisions // self.explore_every) % 2 else -1
             neighbour = index + step if 0 <= index + step < len(self.sizes) else index - step

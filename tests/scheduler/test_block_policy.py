@@ -79,6 +79,20 @@ def test_policy_follows_the_batch_size_as_it_grows_and_shrinks():
     assert usual(small) == MAX_BLOCK and usual(large) == 1 and usual(small_again) == MAX_BLOCK
 
 
+def test_plain_is_measured_at_a_new_batch_size_before_drafting_wins_there():
+    """Served traffic: the first requests come alone (plain measured at batch 1 only), then the batch jumps to 32
+    rows where plain decoding is the fastest. Extrapolated from batch 1, a plain step of 32 rows would look 32x
+    dearer; the policy measures it within the first steps there and settles on plain."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    _run(policy, cpu_like, 1, rate=0.8, steps=20)
+    assert list(policy.plain.seconds) == [1]
+    at_32 = _run(policy, cpu_like, 32, rate=0.8, steps=40)
+    assert 1 in at_32[:3]
+    assert at_32[-20:].count(1) >= 19  # one exploration step in 50
+    # A batch size near one already measured needs no extra plain step.
+    assert policy.plain.measured_near(30) and not policy.plain.measured_near(20)
+
+
 def test_a_fresh_policy_drafts_first_then_measures_plain_once_batched():
     policy = AdaptiveBlockSize(MAX_BLOCK)
     assert policy.choose(4) == MAX_BLOCK
