@@ -106,17 +106,17 @@ def generate_answers(cfg: AnswerConfig) -> Path:
     items = [(i, f, p) for i, (f, p) in enumerate(ordered_prompts(cfg.prompts, cfg.max_prompts, cfg.seed))
              if i % cfg.num_shards == cfg.shard and (not families or f in families)]
     done = answered_indices(out)
-    todo = iter([it for it in items if it[0] not in done])
-    if len(done.intersection(i for i, _, _ in items)) == len(items):
+    pending = [it for it in items if it[0] not in done]
+    if not pending:
         return path
+    todo = iter(pending)
     model, tok = load_hf_target(cfg.target)
     stop_ids = SMOLLM2_STOP_IDS if tok.eos_token_id not in SMOLLM2_STOP_IDS and len(tok) == 49152 else (tok.eos_token_id,)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, stop_token_ids=tuple(stop_ids))
     scheduler = Scheduler(TargetModel(model, tok, source=cfg.target), None, block_size=1,
                           limits=SchedulerLimits(max_batch_size=cfg.batch_size, max_kv_tokens=None))
     in_flight: dict = {}
-    bar = tqdm(total=len(items), initial=len(items) - sum(1 for i, _, _ in items if i not in done),
-               desc=f"answers shard {cfg.shard}")
+    bar = tqdm(total=len(items), initial=len(items) - len(pending), desc=f"answers shard {cfg.shard}")
     t0, ntok = time.time(), 0
 
     def refill() -> None:
