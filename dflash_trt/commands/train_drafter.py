@@ -40,9 +40,23 @@ def register(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
     parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                         help="training compute dtype; auto: bf16 where the CPU has native bf16 (default: auto)")
+    parser.add_argument("--family-repeats", metavar="FAMILY=N[,FAMILY=N...]", default="",
+                        help="each sample of these families appears N times per epoch (default: once), to weight "
+                             "a small source against the template answers")
     parser.add_argument("--eval-every", type=int, default=400,
                         help="steps between held-out tau evaluations during training (default 400)")
     parser.set_defaults(func=run)
+
+
+def parse_family_repeats(text: str) -> dict[str, int]:
+    """'sharegpt-chat=4,champ-math=2' -> {'sharegpt-chat': 4, 'champ-math': 2}."""
+    repeats = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        family, _, count = item.partition("=")
+        if not family or not count.isdigit() or int(count) < 1:
+            raise DFlashError(f"--family-repeats: expected FAMILY=N with N >= 1, got {item!r}")
+        repeats[family.strip()] = int(count)
+    return repeats
 
 
 def run(args) -> int:
@@ -58,7 +72,7 @@ def run(args) -> int:
                         target=args.target or preset["target"], max_steps=args.max_steps,
                         max_minutes=args.max_minutes, num_layers=args.num_layers, block_size=args.block_size,
                         arch=args.arch, threads=args.threads, init_from=args.init_from, precision=args.precision,
-                        eval_every=args.eval_every)
+                        eval_every=args.eval_every, family_repeats=parse_family_repeats(args.family_repeats))
     if args.lr is not None:
         train.lr = args.lr
     answers_from = args.answers_from

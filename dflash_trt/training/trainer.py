@@ -67,6 +67,9 @@ class TrainConfig:
     # Look for new chunks in the feature cache every this many steps (0: never), so training can
     # start while answers are still being generated; only chunks with unseen samples are read.
     refresh_every: int = 100
+    # Times each sample of a family appears per epoch (others: once), e.g. {"sharegpt-chat": 4}:
+    # a few hundred answers of a new source otherwise drown among thousands of template answers.
+    family_repeats: dict[str, int] = field(default_factory=dict)
     seed: int = 0
     threads: int = 1
     # Compute dtype of the drafter's forward and backward: "bf16" (autocast; master weights and the
@@ -157,6 +160,12 @@ class Trainer:
         self.cfg, self.evaluate, self.refresh = cfg, evaluate, refresh
         self.embed, self.full_head = embed_weight.detach(), head_weight.detach()
         self.set_samples(samples)
+        unknown = sorted(set(cfg.family_repeats) - {s.get("family") for s in samples})
+        if unknown:
+            from dflash_trt.errors import ConfigError
+            families = sorted({str(s.get("family")) for s in samples})
+            raise ConfigError(f"family_repeats names families without samples: {', '.join(unknown)} "
+                              f"(the samples' families: {', '.join(families)})")
         torch.manual_seed(cfg.seed)
         self.drafter = build_drafter(drafter_config(cfg, target_config)).train()
         if hasattr(self.drafter, "init_as_dflash"):
@@ -195,7 +204,7 @@ class Trainer:
             return
         self.set_samples(sorted(self.samples + new, key=lambda s: s["idx"]))
         # New samples go first (order is popped from the end) in the current epoch.
-        self.order += [s["idx"] for s in new]
+        self.order += self._epoch_entries(new)
         self._log({"step": self.step, "num_samples": len(self.samples)})
 
     def _warm_start(self, path: str) -> None:
@@ -248,11 +257,16 @@ class Trainer:
                 drafter.fc.weight.div_(self.scale[None, :])
         return drafter
 
+    def _epoch_entries(self, samples: list[dict]) -> list[int]:
+        """Sample indices of one epoch over `samples`, each repeated as its family asks."""
+        repeats = self.cfg.family_repeats
+        return [s["idx"] for s in samples for _ in range(repeats.get(s.get("family"), 1))]
+
     def _next_samples(self) -> list[dict]:
         picked = []
         while len(picked) < self.cfg.batch_size:
             if not self.order:  # new epoch: deterministic shuffle seeded by the step (sample idx values)
-                self.order = sorted(self.by_idx)
+                self.order = self._epoch_entries(self.samples)
                 random.Random(self.cfg.seed * 1_000_003 + self.step).shuffle(self.order)
             picked.append(self.by_idx[self.order.pop()])
         return picked

@@ -162,3 +162,24 @@ def test_dflash2_training_starts_as_dflash_and_learns(tmp_path):
     config = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
     assert isinstance(loaded, DFlash2Drafter) and config["architectures"] == ["DFlash2DraftModel"]
     assert config["dflash_config"]["selector_top_k"] == 4 and config["dflash_config"]["block_size"] == 4
+
+
+def test_family_repeats_weight_an_epoch_and_unknown_families_are_refused(tmp_path):
+    from collections import Counter
+
+    from dflash_trt.commands.train_drafter import parse_family_repeats
+    from dflash_trt.errors import ConfigError, DFlashError
+
+    model = make_tiny_target("llama")
+    samples = _samples(model, count=4)
+    for s in samples:
+        s["family"] = "source" if s["idx"] == 3 else "template"
+    trainer = _trainer(tmp_path, model, samples, batch_size=1, family_repeats={"source": 3})
+    epoch = Counter(trainer._next_samples()[0]["idx"] for _ in range(6))  # 3 template + 3 x the source
+    assert epoch == {0: 1, 1: 1, 2: 1, 3: 3}
+    with pytest.raises(ConfigError, match="without samples: sourse"):
+        _trainer(tmp_path / "typo", model, samples, family_repeats={"sourse": 3})
+    assert parse_family_repeats("a=4, b=2") == {"a": 4, "b": 2} and parse_family_repeats("") == {}
+    for bad in ("a", "a=0", "=2", "a=x"):
+        with pytest.raises(DFlashError, match="FAMILY=N"):
+            parse_family_repeats(bad)
