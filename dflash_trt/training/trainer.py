@@ -219,7 +219,18 @@ class Trainer:
             if getattr(mine, name) != getattr(theirs, name):
                 raise ConfigError(f"{path}: cannot warm-start from it: {name} {getattr(theirs, name)} "
                                   f"!= {getattr(mine, name)} of this run")
-        self.drafter.load_state_dict(source.state_dict())
+        if mine.family == theirs.family:
+            self.drafter.load_state_dict(source.state_dict())
+        elif (mine.family, theirs.family) == ("dflash2", "dflash"):
+            # DFlash2 = DFlash + convolutions + selector: those keep their DFlash-equivalent init
+            # (init_as_dflash), so the run starts exactly where the v1 drafter is.
+            missing, unexpected = self.drafter.load_state_dict(source.state_dict(), strict=False)
+            added = [k for k in missing if not k.startswith("candidate_selector.") and "_conv." not in k]
+            if unexpected or added:
+                raise ConfigError(f"{path}: cannot warm-start a dflash2 run from it: "
+                                  f"unexpected {unexpected}, missing {added}")
+        else:
+            raise ConfigError(f"{path}: cannot warm-start a {mine.family} run from a {theirs.family} drafter")
         if self.scale is not None:  # published fc reads raw features; training reads features / scale
             with torch.no_grad():
                 self.drafter.fc.weight.mul_(self.scale[None, :])

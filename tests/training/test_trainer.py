@@ -183,3 +183,27 @@ def test_family_repeats_weight_an_epoch_and_unknown_families_are_refused(tmp_pat
     for bad in ("a", "a=0", "=2", "a=x"):
         with pytest.raises(DFlashError, match="FAMILY=N"):
             parse_family_repeats(bad)
+
+
+def test_a_dflash2_run_warm_starts_from_a_v1_drafter_exactly_where_it_is(tmp_path):
+    from dflash_trt.drafters import DFlash2Drafter
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.training.recipe import build_batch, drafter_block_states
+
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    dflash2 = dict(arch="dflash2", conv_group_size=16, selector_rank=8, selector_top_k=4)
+    v1_run = _trainer(tmp_path / "v1", model, samples, max_steps=3)
+    v1_run.run()
+    published = tmp_path / "v1" / "run" / "drafter"
+    warm = _trainer(tmp_path / "v2", model, samples, init_from=str(published), **dflash2)
+    assert isinstance(warm.drafter, DFlash2Drafter)
+    batch = build_batch(samples, [torch.tensor([6, 10])] * 3, 4, 255, gamma=4.0)
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():  # the v1 weights, with identity convolutions: the v1 drafter's states
+        torch.testing.assert_close(drafter_block_states(warm.published_drafter(), embed, batch),
+                                   drafter_block_states(load_drafter(published), embed, batch))
+    v2_published = tmp_path / "v2" / "run" / "drafter"
+    warm.save()
+    with pytest.raises(ConfigError, match="cannot warm-start a dflash run from a dflash2 drafter"):
+        _trainer(tmp_path / "back", model, samples, init_from=str(v2_published))
