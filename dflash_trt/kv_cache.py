@@ -163,7 +163,7 @@ class BatchKVCache:
         values up to the forward's width (views of the buffers, no copy)."""
         if self._write_index is None or key_states.shape[2] != self._write_index.shape[1]:
             raise RuntimeError("BatchKVCache.prepare must announce each forward's tokens")  # internal invariant
-        rows = len(self)
+        rows = self._write_index.shape[0]  # the batch's rows (StaticKVCache: its bucket, spare rows included)
         index = self._write_index[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
         keys, values = self.keys[layer_idx][:rows], self.values[layer_idx][:rows]
         keys.scatter_(2, index, key_states.to(keys.dtype))

@@ -18,6 +18,7 @@ from .config import DrafterConfig
 from .cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
 from .errors import CompatibilityError, ConfigError
 from .kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
+from .static_kv_cache import StaticKVCache
 
 
 @dataclass
@@ -86,14 +87,15 @@ class TargetModel:
         from transformers import DynamicCache
         return DynamicCache()
 
-    def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int) -> BatchKVCache:
+    def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int,
+                    cache_type: type[BatchKVCache] = BatchKVCache) -> BatchKVCache:
         """The decoding cache of a prefilled group: rows of `prefill_cache` (a cache from new_cache, rows
         left-padded to a common width, row b holding lengths[b] tokens) realigned to the left, with room to
-        grow up to capacity_limit slots per row."""
+        grow up to capacity_limit slots per row. cache_type: BatchKVCache, or StaticKVCache (GraphedVerifier)."""
         spec = MaskSpec.from_config(self.config, self.model.get_input_embeddings().weight.dtype)
         keys = [layer.keys for layer in prefill_cache.layers]
         values = [layer.values for layer in prefill_cache.layers]
-        return BatchKVCache.from_left_padded(keys, values, lengths, spec, capacity_limit)
+        return cache_type.from_left_padded(keys, values, lengths, spec, capacity_limit)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -102,6 +104,18 @@ class TargetModel:
 
         With a cache from new_cache, attention_mask [B, cached + T] marks the valid cache slots (0 = left
         padding); with a BatchKVCache, it is what the cache's `prepare(T)` returned.
+        """
+        if isinstance(cache, StaticKVCache):
+            raise RuntimeError("a StaticKVCache is run by GraphedVerifier.forward")  # internal invariant
+        logits, features = self.run_model(token_ids, position_ids, attention_mask, cache, feature_layer_ids,
+                                          last_only)
+        return TargetOutput(logits.float(), features)
+
+    def run_model(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
+                  feature_layer_ids: Sequence[int] = (), last_only: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's forward as `forward` runs it: logits in the model's dtype, and the features. With explicit
+        masks and a batch cache it reads nothing on the host, so a CUDA graph can capture it (graphed_verifier.py).
         """
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
@@ -119,7 +133,7 @@ class TargetModel:
             for hook in hooks:
                 hook.remove()
         features = torch.cat([captured[i] for i in feature_layer_ids], dim=-1) if feature_layer_ids else None
-        return TargetOutput(out.logits.float(), features)
+        return out.logits, features
 
     def check_drafter(self, config: DrafterConfig) -> None:
         """Raise if a drafter with `config` cannot run on this target."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .kernel_checks import time_us
+from .verify_checks import graphed_verify
 from .report import PAPER_TAU, Section, implied_speedup
 
 BLOCK = 16
@@ -60,21 +61,26 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
     prompts = [torch.randint(0, vocab, (prompt_len + 3 * i,), generator=g).tolist() for i in range(num_prompts)]
     from ..graphed_drafter import GraphedDrafter
 
+    from ..graphed_verifier import GraphedVerifier
+
     params = SamplingParams(max_new_tokens=new_tokens)
     results = generate(target, drafter, prompts, params, block_size=BLOCK)
     graphed = generate(target, GraphedDrafter(drafter), prompts, params, block_size=BLOCK)
+    # draft and verify both replaying CUDA graphs (on CPU, both static paths eagerly)
+    both = generate(GraphedVerifier(target), GraphedDrafter(drafter), prompts, params, block_size=BLOCK)
     mismatches = 0
-    for i, (prompt, result, graphed_result) in enumerate(zip(prompts, results, graphed)):
+    for i, (prompt, result, graphed_result, both_result) in enumerate(zip(prompts, results, graphed, both)):
         ids = torch.tensor([prompt], device=target.device)
         with torch.inference_mode():
             expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0, len(prompt):]
         ours = list(result.token_ids)
-        same = ours == expected.tolist() == list(graphed_result.token_ids)
+        same = ours == expected.tolist() == list(graphed_result.token_ids) == list(both_result.token_ids)
         first = next((j for j, (a, b) in enumerate(zip(ours, expected.tolist())) if a != b), None)
         mismatches += 0 if same else 1
         section.rows.append({"prompt": i, "tokens": len(ours), "identical": same,
                              "graphed_drafts_equal": graphed_result.acceptance_lengths == result.acceptance_lengths,
+                             "graphed_verify_identical": list(both_result.token_ids) == expected.tolist(),
                              "first_difference": "" if same else first,
                              "tau": sum(result.acceptance_lengths) / max(len(result.acceptance_lengths), 1)})
     if mismatches:
@@ -85,10 +91,13 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
 def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_rows: int = 7,
                iterations: int = 10) -> Section:
     """Times of one AR step, one draft (all drafter layers + the target's head on 15 slots) and one verify of a
-    16-token block, at `context` cached tokens: eager, plus the draft through GraphedDrafter (one CUDA graph)."""
-    section = Section(f"step times (eager, {context}-token context) and the speedup implied at tau {PAPER_TAU}")
+    16-token block, at `context` cached tokens: eager, plus the draft through GraphedDrafter and the AR step and
+    verify through GraphedVerifier (one CUDA graph each), whose greedy tokens must equal the eager static step's."""
+    section = Section(f"step times (eager and graphed, {context}-token context) and the speedup implied at tau "
+                      f"{PAPER_TAU}")
     device = target.device
     layer_ids = drafter.config.target_layer_ids
+    bad_tokens = 0
     for batch in batches:
         g = torch.Generator(device=device).manual_seed(batch)
         prompt = torch.randint(0, target.vocab_size - 1, (batch, context), device=device, generator=g)
@@ -105,6 +114,8 @@ def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_row
 
         t_ar = time_us(lambda: step(1), iterations=iterations)
         t_verify = time_us(lambda: step(BLOCK, layer_ids), iterations=iterations)
+        verify = graphed_verify(target, cache, prompt, context, BLOCK, layer_ids, iterations)
+        bad_tokens += 0 if verify["tokens_equal"] else 1
 
         draft_cache = drafter.new_cache(batch, context + 2 * BLOCK)
         start_lens = torch.full((batch,), context - new_rows, dtype=torch.long, device=device)
@@ -134,9 +145,18 @@ def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_row
                              "implied_speedup": implied_speedup(PAPER_TAU, t_ar, t_draft, t_verify),
                              "t_draft_graphed_ms": t_draft_graphed / 1e3,
                              "implied_speedup_graphed_draft": implied_speedup(PAPER_TAU, t_ar, t_draft_graphed,
-                                                                              t_verify)})
+                                                                              t_verify),
+                             "t_AR_graphed_ms": verify["t_AR_us"] / 1e3,
+                             "t_verify16_graphed_ms": verify["t_verify_us"] / 1e3,
+                             "verify_over_AR_graphed": verify["t_verify_us"] / verify["t_AR_us"],
+                             "implied_speedup_graphed": implied_speedup(PAPER_TAU, verify["t_AR_us"], t_draft_graphed,
+                                                                        verify["t_verify_us"]),
+                             "graphed_verify_tokens_equal": verify["tokens_equal"]})
         del cache, draft_cache, graphed_cache
         if device.type == "cuda":
             torch.cuda.empty_cache()
     section.message = "targets: t_verify(16)/t_AR <= 1.3 at batch 1; implied speedup >= 4.5 (the paper: 4.86x)"
+    if bad_tokens:
+        section.status, section.message = "fail", (f"graphed verify's greedy tokens differ from the eager static "
+                                                   f"verify's at {bad_tokens} of {len(batches)} batch sizes")
     return section

@@ -123,9 +123,11 @@ def targets(sections: list[Section]) -> Section:
     if steps is not None:
         for row in steps.rows:
             if row.get("batch") == 1:
-                section.rows.append({"target": "t_verify(16) / t_AR <= 1.3, batch 1", "value": row["verify_over_AR"],
-                                     "met": row["verify_over_AR"] <= 1.3})
-                best = max(row["implied_speedup"], row.get("implied_speedup_graphed_draft", 0.0))
+                ratio = min(row["verify_over_AR"], row.get("verify_over_AR_graphed", float("inf")))
+                section.rows.append({"target": "t_verify(16) / t_AR <= 1.3, batch 1", "value": ratio,
+                                     "met": ratio <= 1.3})
+                best = max(row["implied_speedup"], row.get("implied_speedup_graphed_draft", 0.0),
+                           row.get("implied_speedup_graphed", 0.0))
                 section.rows.append({"target": f"implied speedup >= 4.5x at tau {PAPER_TAU}, batch 1", "value": best,
                                      "met": best >= 4.5})
     if not section.rows:

@@ -62,7 +62,8 @@ def tiny_pair():
 def test_greedy_section_matches_generate_on_a_tiny_pair(tiny_pair):
     section = model_checks.greedy_equality(*tiny_pair, num_prompts=2, prompt_len=8, new_tokens=12)
     assert section.status == "pass", section.message
-    assert [r["identical"] and r["graphed_drafts_equal"] for r in section.rows] == [True, True]
+    assert [r["identical"] and r["graphed_drafts_equal"] and r["graphed_verify_identical"]
+            for r in section.rows] == [True, True]
     assert all(r["tokens"] == 12 for r in section.rows)
 
 
@@ -72,5 +73,8 @@ def test_step_times_section_reports_every_batch(tiny_pair):
     for row in section.rows:
         assert min(row["t_AR_ms"], row["t_draft_ms"], row["t_verify16_ms"]) > 0
         assert row["t_draft_graphed_ms"] > 0
+        assert min(row["t_AR_graphed_ms"], row["t_verify16_graphed_ms"]) > 0
+        assert row["graphed_verify_tokens_equal"] is True  # on CPU: the static path eagerly, twice
+    assert section.status == "pass", section.message
         assert row["implied_speedup"] == pytest.approx(
             6.49 * row["t_AR_ms"] / (row["t_draft_ms"] + row["t_verify16_ms"]))

@@ -116,3 +116,12 @@ def test_targets_are_judged_from_the_timing_rows_and_never_fail_the_check():
     assert section.status == "pass" and section.message == "4 of 6 met"
     assert report.exit_code([kernel, steps, section]) == 0
     assert report.targets([]).status == "skipped"
+
+
+def test_the_graphed_verify_counts_for_the_batch_1_targets():
+    steps = Section("step times (eager and graphed)", rows=[
+        {"batch": 1, "verify_over_AR": 1.6, "implied_speedup": 4.0, "implied_speedup_graphed_draft": 4.2,
+         "verify_over_AR_graphed": 1.25, "implied_speedup_graphed": 4.6}])
+    values = {r["target"]: (r["value"], r["met"]) for r in report.targets([steps]).rows}
+    assert values == {"t_verify(16) / t_AR <= 1.3, batch 1": (1.25, True),
+                      "implied speedup >= 4.5x at tau 6.49, batch 1": (4.6, True)}
