@@ -75,6 +75,6 @@ def test_step_times_section_reports_every_batch(tiny_pair):
         assert row["t_draft_graphed_ms"] > 0
         assert min(row["t_AR_graphed_ms"], row["t_verify16_graphed_ms"]) > 0
         assert row["graphed_verify_tokens_equal"] is True  # on CPU: the static path eagerly, twice
-    assert section.status == "pass", section.message
         assert row["implied_speedup"] == pytest.approx(
             6.49 * row["t_AR_ms"] / (row["t_draft_ms"] + row["t_verify16_ms"]))
+    assert section.status == "pass", section.message
