@@ -19,6 +19,7 @@ from dflash_trt.serving.generation import Step
 from dflash_trt.serving.requests import GenerationRequest
 
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
+CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the target's decoding steps replay CUDA graphs (open_runtime)
 
 
 def _default_limits():
@@ -96,12 +97,14 @@ def default_num_threads(instances: int, cpus: int | None = None) -> int:
 
 
 def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,
-                 block_policy: str = "adaptive", limits=None):
+                 block_policy: str = "adaptive", limits=None, cuda_graphs: bool | None = None):
     """Load the engine through its manifest and return the runtime it names.
 
     block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
     (the baseline the serving benchmark compares with, served the same way). block_policy: "adaptive"
     picks each step's block size up to that one, "fixed" pins it. limits: SchedulerLimits of the batch.
+    cuda_graphs: the target's decoding steps through GraphedVerifier (static shapes, one CUDA graph per batch
+    bucket and block size), on a CUDA device only; None reads the environment (CUDA_GRAPHS_ENV=1: on).
     """
     from dflash_trt.engine import load_engine
 
@@ -125,8 +128,20 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     from dflash_trt.block_policy import make_policy
 
     make_policy(block_policy, block_size)  # a bad name fails at load, not at the first request
-    return LocalRuntime(engine.target, drafter, block_size, default_end_ids(engine.target),
+    target = engine.target
+    if os.environ.get(CUDA_GRAPHS_ENV, "0") == "1" if cuda_graphs is None else cuda_graphs:
+        target = graphed_target(target, device)
+    return LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
                         limits=limits if limits is not None else _default_limits(), block_policy=block_policy)
+
+
+def graphed_target(target, device: str):
+    """The target with its decoding steps captured in CUDA graphs (graphed_verifier.py); refused off CUDA."""
+    if not str(device).startswith("cuda"):
+        raise DFlashError(f"CUDA graphs ({CUDA_GRAPHS_ENV}=1) need a CUDA device, not {device!r}")
+    from dflash_trt.graphed_verifier import GraphedVerifier
+
+    return GraphedVerifier(target, graphs=True)
 
 
 def _drafter(engine):

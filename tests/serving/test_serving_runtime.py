@@ -73,3 +73,15 @@ def test_an_engine_without_tokenizer_serves_token_ids_and_refuses_text_clearly(t
     assert not has_tokenizer(engine / "target")
     with pytest.raises(DFlashError, match="the target has no tokenizer"):
         tokenizer_for(engine)
+
+
+def test_cuda_graphs_are_refused_off_cuda_with_what_they_need(tiny_engine, monkeypatch):
+    from dflash_trt.serving.runtime import CUDA_GRAPHS_ENV
+
+    with pytest.raises(DFlashError, match="CUDA graphs .* need a CUDA device, not 'cpu'"):
+        open_runtime(tiny_engine, num_threads=1, cuda_graphs=True)
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "1")
+    with pytest.raises(DFlashError, match="need a CUDA device"):
+        open_runtime(tiny_engine, num_threads=1)
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "0")
+    assert type(open_runtime(tiny_engine, num_threads=1).target).__name__ == "TargetModel"
