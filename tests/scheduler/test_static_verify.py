@@ -1,11 +1,14 @@
 """The static-shape verify (StaticKVCache + StaticForward, what GraphedVerifier captures on CUDA), run eagerly: the
 tokens of Hugging Face's own greedy decoding with ragged rows joining and leaving; masks and positions per row; the
-same logits and cache contents as the eager verify; and a wrong position or a stale mask row does change tokens."""
+same logits and cache contents as the eager verify; a wrong position or a stale mask row does change tokens; and
+Hugging Face's code path under it reads no tensor on the host (what a CUDA graph capture forbids), except where
+capture_blockers says it does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from conftest import oracle_for
 from dflash_trt.block_policy import FixedBlockSize
@@ -212,3 +215,53 @@ def test_capture_blockers_name_eager_experts_and_host_read_rope():
     with pytest.raises(CompatibilityError, match="cannot be captured in CUDA graphs: eager mixture-of-experts"):
         GraphedVerifier(TargetModel(experts), graphs=True)
     assert GraphedVerifier(TargetModel(experts)).use_graphs is False
+
+
+class HostReads(TorchFunctionMode):
+    """Records every torch call that reads a tensor's values on the host (what a CUDA graph capture refuses: on
+    a GPU each is a synchronisation), by name."""
+
+    NAMES = {"item", "tolist", "__bool__", "__int__", "__index__", "__float__", "nonzero", "argwhere", "unique",
+             "masked_select", "equal", "cpu", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES or (name == "where" and len(args) + len(kwargs or {}) == 1):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads_of_a_static_forward(model) -> list[str]:
+    target = TargetModel(model)
+    verifier = GraphedVerifier(target, graphs=False)
+    lengths = torch.tensor([5, 9, 3])
+    tokens = torch.randint(0, 250, (3, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(9)[None, :] >= (9 - lengths)[:, None]
+    prefill = target.new_cache()
+    target.forward(tokens, (torch.cumsum(mask.long(), 1) - 1).clamp(min=0), mask.long(), prefill, last_only=True)
+    cache = verifier.batch_cache(prefill, lengths, 40)
+    cache.prepare(4)
+    step = StaticForward(verifier, cache, 4, 4, (1, 3))
+    step.load(tokens[:, :4], lengths[:, None] + torch.arange(4)[None, :])
+    with torch.inference_mode(), HostReads() as reads:
+        step.run()
+    return reads.seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-sliding", "gpt_oss"])
+def test_a_static_forward_reads_no_tensor_on_the_host(arch):
+    """Hugging Face's code path under the static forward (explicit masks, the batch cache, grouped SDPA, eager
+    attention with sinks, grouped_mm experts) is capture-safe: not one host read."""
+    assert host_reads_of_a_static_forward(_target(arch)) == []
+
+
+def test_the_capture_blockers_are_the_host_reads():
+    experts = make_tiny_target("gpt_oss")
+    experts.config._experts_implementation = "eager"
+    assert "nonzero" in host_reads_of_a_static_forward(experts)
+    dynamic = make_tiny_target("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    assert "__bool__" in host_reads_of_a_static_forward(dynamic)
