@@ -80,20 +80,20 @@ class GraphedVerifier(TargetModel):
         if step is None:
             step = cache.forwards[key] = StaticForward(self, cache, key[0], num_new, feature_layer_ids)
         step.load(token_ids, position_ids)
-        logits, features = self._run(step)
+        logits, features = self._run(step, cache)
         logits = logits[:n, -1:] if last_only else logits[:n]
         return TargetOutput(logits.to(torch.float32, copy=True), None if features is None else features[:n].clone())
 
-    def _run(self, step: StaticForward) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, step: StaticForward, cache: StaticKVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.use_graphs or (step.graph is None and step.calls == 0):
             step.calls += 1
-            return step.run()
+            return step.run(cache)
         if step.graph is None:
-            self._capture(step)
+            self._capture(step, cache)
         step.graph.replay()
         return step.outputs
 
-    def _capture(self, step: StaticForward) -> None:
+    def _capture(self, step: StaticForward, cache: StaticKVCache) -> None:
         # Warm-up on a side stream (kernel selection, workspaces), then capture. Both run on the step's real
         # inputs: they write the same keys and values at the same slots as the replay that follows.
         if self._pool is None:
@@ -101,9 +101,9 @@ class GraphedVerifier(TargetModel):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            step.run()
+            step.run(cache)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            step.outputs = step.run()
+            step.outputs = step.run(cache)
         step.graph = graph

@@ -59,17 +59,18 @@ class StaticForward:
     buffers, `load` (copy a batch in) and `run` (the forward on the buffers, what a CUDA graph captures).
 
     graph, outputs and calls belong to GraphedVerifier (the captured graph, its output tensors, eager runs so far).
+    The cache is passed to `run`, not kept: the cache keeps its forwards, and no cycle delays freeing its buffers.
     """
 
     def __init__(self, target, cache: StaticKVCache, rows: int, num_new: int, feature_layer_ids: Sequence[int]):
         device = cache.lengths.device
-        self.target, self.cache, self.layer_ids = target, cache, tuple(feature_layer_ids)
+        self.target, self.spec, self.layer_ids = target, cache.spec, tuple(feature_layer_ids)
         self.rows, self.num_new, self.capacity = rows, num_new, cache.capacity
         self.tokens = torch.zeros(rows, num_new, dtype=torch.long, device=device)
         self.steps = torch.arange(num_new, device=device)
         self.positions = self.steps.repeat(rows, 1)
         self.slots = torch.arange(cache.capacity, device=device)
-        spec = cache.spec
+        spec = self.spec
         kinds = ["full_attention"] + (["sliding_attention"] if spec.sliding_window is not None else [])
         shape = (rows, 1, num_new, cache.capacity)
         self.allowed = {kind: torch.zeros(shape, dtype=torch.bool, device=device) for kind in kinds}
@@ -95,16 +96,17 @@ class StaticForward:
         torch.le(self.slots, query, out=full)
         if "sliding_attention" in self.allowed:
             sliding = self.allowed["sliding_attention"]
-            torch.gt(self.slots, query - self.cache.spec.sliding_window, out=sliding)
+            torch.gt(self.slots, query - self.spec.sliding_window, out=sliding)
             sliding.logical_and_(full)
-        if self.cache.spec.additive:
-            lowest = torch.finfo(self.cache.spec.dtype).min
+        if self.spec.additive:
+            lowest = torch.finfo(self.spec.dtype).min
             for kind, mask in self.masks.items():
                 mask.fill_(lowest).masked_fill_(self.allowed[kind], 0.0)
 
-    def run(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The forward on the buffers: (logits [rows, q, V] in the model's dtype, features [rows, q, K*D])."""
+    def run(self, cache: StaticKVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward on the buffers and `cache` (the one it was made for): (logits [rows, q, V] in the model's
+        dtype, features [rows, q, K*D])."""
         self.refresh_masks()
-        self.cache.begin_static_forward(self.positions)
-        masks = self.masks if self.cache.spec.as_mapping else self.masks["full_attention"]
-        return self.target.run_model(self.tokens, self.positions, masks, self.cache, self.layer_ids)
+        cache.begin_static_forward(self.positions)
+        masks = self.masks if self.spec.as_mapping else self.masks["full_attention"]
+        return self.target.run_model(self.tokens, self.positions, masks, cache, self.layer_ids)

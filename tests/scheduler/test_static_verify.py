@@ -79,7 +79,8 @@ def test_the_static_verify_emits_hugging_faces_greedy_tokens_with_rows_joining_a
     verifier = GraphedVerifier(target, graphs=False)
     assert not verifier.use_graphs and verifier.blockers == []
     tokens, shapes = decode_joining(verifier, pair)
-    assert tokens == expected_tokens(pair)
+    eager_tokens, eager_shapes = decode_joining(target, pair)  # the eager verify over a BatchKVCache
+    assert tokens == eager_tokens == expected_tokens(pair) and not eager_shapes
     assert {bucket for _, bucket in shapes} >= {2, 4} and any(rows < bucket for rows, bucket in shapes)  # padded
 
 
@@ -248,7 +249,7 @@ def host_reads_of_a_static_forward(model) -> list[str]:
     step = StaticForward(verifier, cache, 4, 4, (1, 3))
     step.load(tokens[:, :4], lengths[:, None] + torch.arange(4)[None, :])
     with torch.inference_mode(), HostReads() as reads:
-        step.run()
+        step.run(cache)
     return reads.seen
 
 
@@ -265,3 +266,26 @@ def test_the_capture_blockers_are_the_host_reads():
     assert "nonzero" in host_reads_of_a_static_forward(experts)
     dynamic = make_tiny_target("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
     assert "__bool__" in host_reads_of_a_static_forward(dynamic)
+
+
+def test_a_cache_that_ran_static_forwards_is_freed_as_soon_as_it_is_dropped():
+    """A prefilled group's cache is dropped when the group joins the running batch: its buffers must go then, not
+    at some later garbage collection (no cycle between a cache and its forwards)."""
+    import gc
+    import weakref
+
+    target = TargetModel(make_tiny_target("llama"))
+    verifier = GraphedVerifier(target, graphs=False)
+    prefill = target.new_cache()
+    target.forward(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), torch.ones(1, 3, dtype=torch.long), prefill)
+    cache = verifier.batch_cache(prefill, torch.tensor([3]), 16)
+    cache.prepare(2)
+    verifier.forward(torch.tensor([[4, 5]]), torch.tensor([[3, 4]]), None, cache, (1,))
+    assert cache.forwards
+    alive = weakref.ref(cache)
+    gc.disable()
+    try:
+        del cache
+        assert alive() is None
+    finally:
+        gc.enable()
