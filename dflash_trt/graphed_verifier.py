@@ -75,6 +75,7 @@ class GraphedVerifier(TargetModel):
         if not isinstance(cache, StaticKVCache):
             return super().forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids, last_only)
         n, num_new = token_ids.shape
+        cache.take_preparation(num_new)
         key = (bucket_for(n), num_new, tuple(feature_layer_ids))
         step = cache.forwards.get(key)
         if step is None:

@@ -35,6 +35,7 @@ class StaticKVCache(BatchKVCache):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.forwards: dict[tuple[int, int, tuple[int, ...]], StaticForward] = {}
+        self.prepared_tokens: int | None = None  # what the last prepare made room for, until a forward uses it
 
     @torch.inference_mode()
     def prepare(self, num_new: int) -> None:
@@ -43,7 +44,14 @@ class StaticKVCache(BatchKVCache):
         self._ensure_capacity(self.width + num_new)
         if self.allocated_rows < bucket_for(len(self)):
             self._reallocate(len(self), self.capacity)
-        self._write_index = None
+        self._write_index, self.prepared_tokens = None, num_new
+
+    def take_preparation(self, num_new: int) -> None:
+        """Check that prepare made room for this forward's num_new tokens (a slot past the capacity would be a
+        device-side fault, not an error), and use that preparation up."""
+        if self.prepared_tokens != num_new:
+            raise RuntimeError(f"StaticKVCache.prepare({num_new}) must precede each forward")  # internal invariant
+        self.prepared_tokens = None
 
     def begin_static_forward(self, positions: torch.Tensor) -> None:
         """The next layer updates write the tokens at `positions` [bucket, q] and attend to the whole capacity."""

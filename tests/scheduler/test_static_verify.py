@@ -202,6 +202,8 @@ def test_one_static_forward_gives_the_eager_verifys_logits_features_and_cache():
                 torch.testing.assert_close(ours[row, :, :length], theirs[row, :, :length], rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="GraphedVerifier"):
         target.forward(block, block_positions, None, caches["static"], layer_ids)
+    with pytest.raises(RuntimeError, match=r"prepare\(4\) must precede each forward"):  # used up by the last one
+        verifier.forward(block, block_positions, None, caches["static"], layer_ids)
 
 
 # -- what cannot be captured ----------------------------------------------------------------------------------
