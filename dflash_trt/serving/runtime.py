@@ -129,7 +129,9 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
     make_policy(block_policy, block_size)  # a bad name fails at load, not at the first request
     target = engine.target
-    if os.environ.get(CUDA_GRAPHS_ENV, "0") == "1" if cuda_graphs is None else cuda_graphs:
+    if cuda_graphs is None:
+        cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
+    if cuda_graphs:
         target = graphed_target(target, device)
     return LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
                         limits=limits if limits is not None else _default_limits(), block_policy=block_policy)
