@@ -53,7 +53,7 @@ def test_one_step_equals_the_plain_drafter_with_a_padded_batch(pair):
             expected = drafter(embeds, features, ctx_lens, ref)
             torch.testing.assert_close(hidden, expected, rtol=1e-5, atol=1e-5)
     assert ours.lens.tolist() == ref.lens.tolist() == [15, 10, 7]
-    assert 4 in ours.graphs  # batch 3 ran in the bucket of 4
+    assert list(ours.steps) == [(4, 8)]  # batch 3 ran in the bucket of 4 (the prefill ran eagerly)
     for mine, theirs in zip(ours.k, ref.k):
         torch.testing.assert_close(mine[:3], theirs, rtol=1e-5, atol=1e-5)
 
@@ -66,3 +66,56 @@ def test_decoding_loop_drafts_the_same_with_finishing_sequences(pair):
     graphed = generate(target, GraphedDrafter(drafter, graphs=False), prompts, params)
     assert [r.token_ids for r in graphed] == [r.token_ids for r in plain]
     assert [r.acceptance_lengths for r in graphed] == [r.acceptance_lengths for r in plain]
+
+
+def _filled(config, lens: list[int], capacity: int, first: float) -> StaticDraftCache:
+    """A cache whose row r holds the value first + r in every slot below its length."""
+    cache = StaticDraftCache(config, len(lens), capacity, torch.float32, "cpu")
+    for t in cache.k + cache.v:
+        for row, n in enumerate(lens):
+            t[row, :, :n] = first + row
+    cache.lens = torch.tensor(lens)
+    return cache
+
+
+def _addresses(cache: StaticDraftCache) -> list[int]:
+    return [t.data_ptr() for t in cache.k + cache.v] + [cache.all_lens.data_ptr()]
+
+
+def test_joiners_fill_spare_rows_in_place_and_only_a_full_bucket_moves_the_buffers(pair):
+    _, drafter = pair
+    config = drafter.config
+    cache = _filled(config, [5, 3, 7], 16, 10.0)  # 3 rows in a bucket of 4
+    cache.steps[(4, 8)] = "a step on the current buffers"
+    addresses = _addresses(cache)
+    cache.concat(_filled(config, [4], 16, 20.0))
+    assert _addresses(cache) == addresses and cache.steps  # the spare row took it: nothing moved
+    assert cache.lens.tolist() == [5, 3, 7, 4] and cache.k[1][3, 0, :4].eq(20.0).all()
+    cache.concat(_filled(config, [2, 6], 24, 30.0))  # 6 rows, and a longer reservation: the bucket of 8
+    assert cache.allocated_rows == 8 and cache.capacity == 24 and cache.steps == {}
+    assert cache.lens.tolist() == [5, 3, 7, 4, 2, 6] and cache.all_lens[6:].tolist() == [0, 0]
+    for t in cache.k + cache.v:
+        assert [float(t[row, 0, 0, 0]) for row in range(6)] == [10, 11, 12, 20, 30, 31]
+        assert t[2, :, :7].eq(12.0).all() and t[5, :, :6].eq(31.0).all()
+
+
+def test_leaving_rows_are_compacted_and_memory_no_row_can_use_is_given_back(pair):
+    _, drafter = pair
+    config = drafter.config
+    cache = _filled(config, [5, 3, 7, 4, 2, 6], 24, 10.0)
+    addresses = _addresses(cache)
+    cache.select(torch.tensor([0, 5, 2, 4]))  # rows 1 and 3 leave; row 5 takes row 1's place
+    assert _addresses(cache) == addresses and cache.lens.tolist() == [5, 6, 7, 2]
+    assert cache.all_lens[4:].eq(0).all()  # padded rows: no context
+    assert [float(cache.k[0][row, 0, 0, 0]) for row in range(4)] == [10, 15, 12, 14]
+    cache.steps[(4, 8)] = "a step on the current buffers"
+    cache.shrink(24)
+    assert _addresses(cache) == addresses and cache.steps  # 8 rows for 4 is within twice the batch
+    cache.select(torch.tensor([2, 1]))
+    cache.shrink(16)  # 8 rows for 2, capacity past the longest reservation: both given back
+    assert cache.allocated_rows == 2 and cache.capacity == 16 and cache.steps == {}
+    assert cache.lens.tolist() == [7, 6] and cache.k[1][0, :, :7].eq(12.0).all() and cache.k[1][1, :, :6].eq(15.0).all()
+    with pytest.raises(ValueError, match="too small"):
+        GraphedDrafter(drafter, graphs=False)(torch.zeros(2, 8, config.hidden_size),
+                                              torch.zeros(2, 12, config.num_target_features * config.hidden_size),
+                                              torch.tensor([10, 1]), cache)
