@@ -71,9 +71,10 @@ class StaticDraftCache:
 
     k[i], v[i] [allocated rows, Hkv, rows_i, Dh] as in DraftCache (a sliding layer keeps window - 1 rows);
     all_lens [allocated rows], zero past `size`. steps: the DraftStep of each (bucket, block width) on the current
-    buffers, dropped when they move.
+    buffers, dropped when they move. Every method runs in inference mode (the buffers are inference tensors).
     """
 
+    @torch.inference_mode()
     def __init__(self, config, batch_size: int, capacity: int, dtype: torch.dtype, device):
         self._windows = list(config.layer_windows)
         self._head_shape = (config.num_key_value_heads, config.head_dim)
@@ -102,6 +103,7 @@ class StaticDraftCache:
         return self.all_lens[:self.size]
 
     @lens.setter
+    @torch.inference_mode()
     def lens(self, value: torch.Tensor) -> None:
         self.all_lens[:self.size].copy_(value)
 

@@ -28,8 +28,9 @@ def test_buckets_round_up_to_powers_of_two():
 def test_compaction_keeps_addresses_and_moves_the_kept_rows_first(pair):
     _, drafter = pair
     cache = StaticDraftCache(drafter.config, 3, 16, torch.float32, "cpu")
-    for i, t in enumerate(cache.k):
-        t[:3] = torch.arange(3.0)[:, None, None, None] + 10 * i
+    with torch.inference_mode():  # the buffers are inference tensors
+        for i, t in enumerate(cache.k):
+            t[:3] = torch.arange(3.0)[:, None, None, None] + 10 * i
     cache.lens = torch.tensor([5, 6, 7])
     addresses = [t.data_ptr() for t in cache.k + cache.v] + [cache.all_lens.data_ptr()]
     cache.select(torch.tensor([2, 0]))
@@ -71,9 +72,10 @@ def test_decoding_loop_drafts_the_same_with_finishing_sequences(pair):
 def _filled(config, lens: list[int], capacity: int, first: float) -> StaticDraftCache:
     """A cache whose row r holds the value first + r in every slot below its length."""
     cache = StaticDraftCache(config, len(lens), capacity, torch.float32, "cpu")
-    for t in cache.k + cache.v:
-        for row, n in enumerate(lens):
-            t[row, :, :n] = first + row
+    with torch.inference_mode():  # the buffers are inference tensors
+        for t in cache.k + cache.v:
+            for row, n in enumerate(lens):
+                t[row, :, :n] = first + row
     cache.lens = torch.tensor(lens)
     return cache
 
@@ -119,3 +121,23 @@ def test_leaving_rows_are_compacted_and_memory_no_row_can_use_is_given_back(pair
         GraphedDrafter(drafter, graphs=False)(torch.zeros(2, 8, config.hidden_size),
                                               torch.zeros(2, 12, config.num_target_features * config.hidden_size),
                                               torch.tensor([10, 1]), cache)
+
+
+def test_what_cannot_be_captured_is_named_and_refused_when_graphs_are_asked_for(pair, monkeypatch):
+    from dflash_trt.errors import CompatibilityError
+    from dflash_trt.graphed_drafter import capture_blockers
+    from dflash_trt.testing import tiny_target_config
+
+    wide = make_tiny_drafter(tiny_target_config("llama", hidden_size=256), block_size=8)  # head_dim 64
+    assert capture_blockers(wide.config) == []
+    assert GraphedDrafter(wide).use_graphs is False  # no CUDA here: the static path runs eagerly
+    sliding = make_tiny_drafter(tiny_target_config("llama", hidden_size=256), block_size=8, sliding_window=6)
+    assert "windowed attention" in capture_blockers(sliding.config)[0]
+    cache = GraphedDrafter(sliding).new_cache(3, 40)
+    assert [t.shape[2] for t in cache.k] == [5, 5]  # a sliding layer keeps window - 1 rows, as DraftCache does
+    with pytest.raises(CompatibilityError, match="cannot be captured in CUDA graphs: sliding-window"):
+        GraphedDrafter(sliding, graphs=True)
+    _, narrow = pair
+    assert capture_blockers(narrow.config) == ["the CUDA draft-attention kernels cover head_dim (64, 128), not 16"]
+    monkeypatch.setenv("DFLASH_DRAFT_ATTENTION", "torch")
+    assert "DFLASH_DRAFT_ATTENTION=torch" in capture_blockers(wide.config)[0]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from conftest import oracle_for
+from host_reads import HostReads
 from dflash_trt.block_policy import FixedBlockSize
 from dflash_trt.errors import CompatibilityError
 from dflash_trt.graphed_verifier import GraphedVerifier, capture_blockers
@@ -218,24 +218,6 @@ def test_capture_blockers_name_eager_experts_and_host_read_rope():
     with pytest.raises(CompatibilityError, match="cannot be captured in CUDA graphs: eager mixture-of-experts"):
         GraphedVerifier(TargetModel(experts), graphs=True)
     assert GraphedVerifier(TargetModel(experts)).use_graphs is False
-
-
-class HostReads(TorchFunctionMode):
-    """Records every torch call that reads a tensor's values on the host (what a CUDA graph capture refuses: on
-    a GPU each is a synchronisation), by name."""
-
-    NAMES = {"item", "tolist", "__bool__", "__int__", "__index__", "__float__", "nonzero", "argwhere", "unique",
-             "masked_select", "equal", "cpu", "numpy"}
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.NAMES or (name == "where" and len(args) + len(kwargs or {}) == 1):
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def host_reads_of_a_static_forward(model) -> list[str]:
