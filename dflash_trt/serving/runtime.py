@@ -19,7 +19,7 @@ from dflash_trt.serving.generation import Step
 from dflash_trt.serving.requests import GenerationRequest
 
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
-CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the target's decoding steps replay CUDA graphs (open_runtime)
+CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the decoding steps (verify and draft) replay CUDA graphs (open_runtime)
 
 
 def _default_limits():
@@ -103,8 +103,9 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
     (the baseline the serving benchmark compares with, served the same way). block_policy: "adaptive"
     picks each step's block size up to that one, "fixed" pins it. limits: SchedulerLimits of the batch.
-    cuda_graphs: the target's decoding steps through GraphedVerifier (static shapes, one CUDA graph per batch
-    bucket and block size), on a CUDA device only; None reads the environment (CUDA_GRAPHS_ENV=1: on).
+    cuda_graphs: the target's decoding steps through GraphedVerifier and a PyTorch drafter's through GraphedDrafter
+    (static shapes, one CUDA graph per batch bucket and block size), on a CUDA device only; None reads the
+    environment (CUDA_GRAPHS_ENV=1: on).
     """
     from dflash_trt.engine import load_engine
 
@@ -132,18 +133,24 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     if cuda_graphs is None:
         cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
     if cuda_graphs:
-        target = graphed_target(target, device)
+        target, drafter = graphed_pair(target, drafter, device)
     return LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
                         limits=limits if limits is not None else _default_limits(), block_policy=block_policy)
 
 
-def graphed_target(target, device: str):
-    """The target with its decoding steps captured in CUDA graphs (graphed_verifier.py); refused off CUDA."""
+def graphed_pair(target, drafter, device: str):
+    """The target and the drafter with their decoding steps captured in CUDA graphs (graphed_verifier.py,
+    graphed_drafter.py); refused off CUDA, or where a part cannot be captured. The ONNX and TensorRT drafters
+    are not PyTorch modules and stay as they are (a TensorRT engine is one launch already)."""
     if not str(device).startswith("cuda"):
         raise DFlashError(f"CUDA graphs ({CUDA_GRAPHS_ENV}=1) need a CUDA device, not {device!r}")
+    from dflash_trt.drafters import DrafterBase
+    from dflash_trt.graphed_drafter import GraphedDrafter
     from dflash_trt.graphed_verifier import GraphedVerifier
 
-    return GraphedVerifier(target, graphs=True)
+    if isinstance(drafter, DrafterBase):
+        drafter = GraphedDrafter(drafter, graphs=True)
+    return GraphedVerifier(target, graphs=True), drafter
 
 
 def _drafter(engine):

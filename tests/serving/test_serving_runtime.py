@@ -84,4 +84,32 @@ def test_cuda_graphs_are_refused_off_cuda_with_what_they_need(tiny_engine, monke
     with pytest.raises(DFlashError, match="need a CUDA device"):
         open_runtime(tiny_engine, num_threads=1)
     monkeypatch.setenv(CUDA_GRAPHS_ENV, "0")
-    assert type(open_runtime(tiny_engine, num_threads=1).target).__name__ == "TargetModel"
+    runtime = open_runtime(tiny_engine, num_threads=1)
+    assert (type(runtime.target).__name__, type(runtime.drafter).__name__) == ("TargetModel", "DFlashDrafter")
+
+
+def test_cuda_graphs_wrap_the_target_and_a_pytorch_drafter(tiny_engine):
+    """What open_runtime does on a CUDA device with CUDA graphs on (the pair built here on CPU: nothing runs)."""
+    from dflash_trt.errors import CompatibilityError
+    from dflash_trt.graphed_drafter import GraphedDrafter
+    from dflash_trt.graphed_verifier import GraphedVerifier
+    from dflash_trt.serving.runtime import graphed_pair
+    from dflash_trt.target import TargetModel
+    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+    model = make_tiny_target("qwen3", hidden_size=256)  # head_dim 64: the CUDA kernels' size
+    target, drafter = graphed_pair(TargetModel(model), make_tiny_drafter(model.config, block_size=4), "cuda:0")
+    assert isinstance(target, GraphedVerifier) and isinstance(drafter, GraphedDrafter)
+    assert target.use_graphs and drafter.use_graphs
+    narrow = open_runtime(tiny_engine, num_threads=1)  # head_dim 16: no kernel covers it, so no graph captures it
+    with pytest.raises(CompatibilityError, match="draft steps cannot be captured in CUDA graphs: .* not 16"):
+        graphed_pair(narrow.target, narrow.drafter, "cuda")
+
+
+@pytest.mark.slow
+def test_cuda_graphs_leave_the_onnx_drafter_as_it_is(onnx_pair_engines):
+    from dflash_trt.serving.runtime import graphed_pair
+
+    runtime = open_runtime(onnx_pair_engines["onnx"], num_threads=1)
+    target, drafter = graphed_pair(runtime.target, runtime.drafter, "cuda")
+    assert type(target).__name__ == "GraphedVerifier" and drafter is runtime.drafter
