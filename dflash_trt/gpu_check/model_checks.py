@@ -5,13 +5,16 @@ The target is a random-weight Qwen3 at Qwen3-8B's width (hidden 4096, 32/8 heads
 151936; 36 layers unless told otherwise) and the drafter a random-weight DFlash drafter of the same width (5 layers,
 block 16), both built directly on the device in bf16. Random weights make the drafts poor (tau ~ 1), which does not
 matter: the greedy output must equal the target's own, and the step times do not depend on the weights. The greedy
-check runs an 8-layer pair in fp32 (exact decisions); the step times the full-depth pair in bf16.
+check runs an 8-layer pair in fp32 (exact decisions), with a fixed batch (the plain drafter, the graphed drafter,
+both parts graphed) and with requests joining and leaving through the scheduler (both parts graphed,
+join_leave.py); the step times the full-depth pair in bf16.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .join_leave import budgets, join_and_leave
 from .kernel_checks import time_us
 from .verify_checks import graphed_verify
 from .report import PAPER_TAU, Section, implied_speedup
@@ -68,6 +71,8 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
     graphed = generate(target, GraphedDrafter(drafter), prompts, params, block_size=BLOCK)
     # draft and verify both replaying CUDA graphs (on CPU, both static paths eagerly)
     both = generate(GraphedVerifier(target), GraphedDrafter(drafter), prompts, params, block_size=BLOCK)
+    # the same parts with requests joining and leaving a running batch (spare rows, bucket changes, compaction)
+    joined, stats = join_and_leave(target, drafter, prompts, new_tokens, BLOCK)
     mismatches = 0
     for i, (prompt, result, graphed_result, both_result) in enumerate(zip(prompts, results, graphed, both)):
         ids = torch.tensor([prompt], device=target.device)
@@ -75,16 +80,25 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
             expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0, len(prompt):]
         ours = list(result.token_ids)
+        joined_same = joined.get(i) == expected.tolist()[:budgets(num_prompts, new_tokens)[i]]
         same = ours == expected.tolist() == list(graphed_result.token_ids) == list(both_result.token_ids)
+        same = same and joined_same
         first = next((j for j, (a, b) in enumerate(zip(ours, expected.tolist())) if a != b), None)
         mismatches += 0 if same else 1
         section.rows.append({"prompt": i, "tokens": len(ours), "identical": same,
                              "graphed_drafts_equal": graphed_result.acceptance_lengths == result.acceptance_lengths,
                              "graphed_verify_identical": list(both_result.token_ids) == expected.tolist(),
+                             "join_leave_identical": joined_same,
                              "first_difference": "" if same else first,
                              "tau": sum(result.acceptance_lengths) / max(len(result.acceptance_lengths), 1)})
+    section.message = (f"join/leave run: up to {stats['max_rows']} rows together; graphs captured on the running "
+                       f"batch at once: draft {stats['draft_graphs']}, verify {stats['verify_graphs']}")
     if mismatches:
         section.status, section.message = "fail", f"{mismatches} of {num_prompts} prompts differ from greedy generate"
+    elif target.device.type == "cuda" and not (stats["draft_graphs"] and stats["verify_graphs"]):
+        section.status = "fail"
+        section.message = "the join/leave run replayed no CUDA graph of " + (
+            "the draft" if not stats["draft_graphs"] else "the verify")
     return section
 
 

@@ -63,7 +63,8 @@ def test_greedy_section_matches_generate_on_a_tiny_pair(tiny_pair):
     section = model_checks.greedy_equality(*tiny_pair, num_prompts=2, prompt_len=8, new_tokens=12)
     assert section.status == "pass", section.message
     assert [r["identical"] and r["graphed_drafts_equal"] and r["graphed_verify_identical"]
-            for r in section.rows] == [True, True]
+            and r["join_leave_identical"] for r in section.rows] == [True, True]
+    assert "up to 2 rows together" in section.message  # the second request joined the first one's batch
     assert all(r["tokens"] == 12 for r in section.rows)
 
 
