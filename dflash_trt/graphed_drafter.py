@@ -7,7 +7,7 @@ per (bucket, block width): the whole drafter (every layer's projections, the dra
 becomes one launch. Padded rows have no context and add none (lengths 0), so they never disturb the live rows.
 
 The caches (`StaticDraftCache`) keep their rows in buffers of a bucket of rows that stay put while the batch
-changes: leaving sequences are compacted in place (the rows behind them move up), newcomers are written into
+changes: leaving sequences are compacted in place (the last rows take their places), newcomers are written into
 spare rows. Only when the buffers must move (a join past the spare rows, a longer reservation, or memory given
 back: rows beyond twice the batch, capacity no row can reach) are they reallocated, and the draft steps built on
 them dropped (a captured graph holds their addresses). As in GraphedVerifier, a step's first run is eager and its
@@ -115,7 +115,7 @@ class StaticDraftCache:
     def select(self, indices) -> None:
         """Keep only the sequences at `indices`, in that order, in the first rows: rows that change place are
         moved, the others stay (the buffers stay put)."""
-        rows = [int(i) for i in indices]
+        rows = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
         moved = [i for i, row in enumerate(rows) if row != i]
         width = self._width()
         if moved and width:
