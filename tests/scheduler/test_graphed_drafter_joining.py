@@ -42,6 +42,7 @@ def test_the_graphed_drafter_drafts_what_the_plain_drafter_drafts_as_requests_jo
     for i in ORDER:  # the plain target's greedy tokens (the aborted request: a prefix of them)
         assert graphed["tokens"][i] == references[i][:len(graphed["tokens"][i])], f"prompt {i}"
         assert len(graphed["tokens"][i]) == budget(i) or (i == ABORT[1] and graphed["finish"][i] == "cancelled")
+    assert graphed["finish"][ABORT[1]] == "cancelled" and 1 < len(graphed["tokens"][ABORT[1]]) < budget(ABORT[1])
     assert graphed["tokens"] == plain["tokens"] and graphed["finish"] == plain["finish"]
     assert graphed["acceptance"] == plain["acceptance"]
     assert graphed["drafts"] == plain["drafts"]  # every request's drafts at every step
