@@ -73,5 +73,8 @@ def load_feature_cache(data_dir: str, layer_ids: tuple[int, ...], known: set[int
     samples = []
     for p in sorted(fdir.glob("chunk_*.json")):
         if not set(json.loads(p.read_text())) <= known:
-            samples += [s for s in torch.load(p.with_suffix(".pt"), weights_only=True) if s["idx"] not in known]
+            # Memory-mapped: the features stay in the page cache, shared by every run reading this cache
+            # (two candidates training side by side hold one copy, not two).
+            chunk = torch.load(p.with_suffix(".pt"), weights_only=True, mmap=True)
+            samples += [s for s in chunk if s["idx"] not in known]
     return sorted(samples, key=lambda s: s["idx"])
