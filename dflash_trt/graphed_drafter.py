@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from . import attention
+from .cuda_graph import capture_graph
 from .errors import CompatibilityError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -268,19 +269,11 @@ class GraphedDrafter:
         return step.outputs
 
     def _capture(self, step: DraftStep, cache: StaticDraftCache) -> None:
-        # Warm-up on a side stream, then capture, both on the step's real inputs: they append the same context
-        # rows at the same slots as the replay that follows (the lengths move only when the caller copies them).
+        # Warm-up and capture both run on the step's real inputs: they append the same context rows at the
+        # same slots as the replay that follows (the lengths move only when the caller copies them).
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step.run(self.drafter, cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            step.outputs = step.run(self.drafter, cache)
-        step.graph = graph
+        step.graph, step.outputs = capture_graph(lambda: step.run(self.drafter, cache), self._pool)
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from .cuda_graph import capture_graph
 from .errors import CompatibilityError
 from .graphed_drafter import bucket_for
 from .static_kv_cache import StaticForward, StaticKVCache
@@ -95,16 +96,8 @@ class GraphedVerifier(TargetModel):
         return step.outputs
 
     def _capture(self, step: StaticForward, cache: StaticKVCache) -> None:
-        # Warm-up on a side stream (kernel selection, workspaces), then capture. Both run on the step's real
-        # inputs: they write the same keys and values at the same slots as the replay that follows.
+        # Warm-up and capture both run on the step's real inputs: they write the same keys and values at the
+        # same slots as the replay that follows.
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step.run(cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            step.outputs = step.run(cache)
-        step.graph = graph
+        step.graph, step.outputs = capture_graph(lambda: step.run(cache), self._pool)
