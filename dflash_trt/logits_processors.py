@@ -68,9 +68,11 @@ def _token_counts(history: Sequence[int], drafts: list[int], rows: int, vocab: i
     known = torch.tensor([t for t in history if 0 <= t < vocab], dtype=torch.long, device=device)
     base = torch.bincount(known, minlength=vocab).float()
     added = torch.zeros(rows, vocab, device=device)
-    for j, token in enumerate(drafts, start=1):  # drafts past the vocabulary (padding) count for nothing
-        if 0 <= token < vocab:
-            added[j, token] = 1.0
+    # Row j adds drafts[:j]: a one at (j + 1, drafts[j]), summed down the rows; drafts past the vocabulary
+    # (padding slots) count for nothing.
+    slots = [(j, token) for j, token in enumerate(drafts, start=1) if 0 <= token < vocab]
+    if slots:
+        added[[j for j, _ in slots], [token for _, token in slots]] = 1.0
     return base[None, :] + added.cumsum(dim=0)
 
 
@@ -98,9 +100,13 @@ def _ban_bad_words(logits: torch.Tensor, words: tuple[tuple[int, ...], ...], his
         return
     context = max(len(word) for word in longer) - 1
     tail = list(history[-context:])  # the last tokens the longest prefix can match
+    banned_rows, banned_tokens = [], []
     for j in range(rows):
         sequence = tail + drafts[:j]
         for word in longer:
             prefix = list(word[:-1])
             if len(sequence) >= len(prefix) and sequence[len(sequence) - len(prefix):] == prefix:
-                logits[j, word[-1]] = float("-inf")
+                banned_rows.append(j)
+                banned_tokens.append(word[-1])
+    if banned_rows:  # one write (one launch on a GPU)
+        logits[banned_rows, banned_tokens] = float("-inf")
