@@ -15,7 +15,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from dflash_trt.decoding import generate as decode
-from dflash_trt.sampling import SamplingParams
 from dflash_trt.serving.client import RequestFailed, generate
 from dflash_trt.serving.detokenize import decode as detokenize
 from dflash_trt.serving.requests import GenerationRequest
