@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from . import acceptance
+from . import acceptance, logits_processors
 from .acceptance import acceptance_lengths  # noqa: F401  (part of this module's API)
 from .batch import RunningBatch
 from .drafter import DFlashDrafter
@@ -109,17 +109,22 @@ def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
 
     Drafts are accepted while they equal the target's own choice (greedy or a keyed sample), within the
     row's block length; drafts sampled from a q (the DFlash2 selector at T > 0) go through rejection
-    sampling against it instead (acceptance.accept_row).
+    sampling against it instead (acceptance.accept_row). Requests with logits processors (min_tokens, bad
+    words, penalties) have their logits processed first (logits_processors.py).
     """
     block_size = block.shape[1]
     device = block.device
     positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
     masks = batch.cache.prepare(block_size)  # the block is written at each row's own length
     out = target.forward(block, positions, masks, batch.cache, layer_ids)
+    logits = out.logits
+    if any(request.params.has_logits_processors for request in batch.requests):
+        # Slot j is processed with the committed tokens + drafts 1..j: the prefix it is verified for.
+        logits = logits_processors.process_requests(logits, block, batch.requests)
     if all(request.params.is_greedy for request in batch.requests):
-        choices = torch.argmax(out.logits, dim=-1)
+        choices = torch.argmax(logits, dim=-1)
     else:  # slot j of row b draws output index len(tokens so far) + j of that request's stream
-        choices = torch.stack([choose_keyed(out.logits[row], request.params, request.seed,
+        choices = torch.stack([choose_keyed(logits[row], request.params, request.seed,
                                             len(request.result.token_ids))
                                for row, request in enumerate(batch.requests)])
     accepted = torch.minimum(acceptance_lengths(block, choices), block_lens - 1)
@@ -127,7 +132,7 @@ def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
     if proposal is not None and proposal.q is not None:
         for row, request in enumerate(batch.requests):
             if not request.params.is_greedy:
-                a, token = acceptance.accept_row(out.logits[row], block[row], int(block_lens[row]), proposal, row,
+                a, token = acceptance.accept_row(logits[row], block[row], int(block_lens[row]), proposal, row,
                                                  request.params, request.generator)
                 accepted[row], bonus[row] = a, token
     return Verified(choices, accepted, bonus, block_lens, out.features)

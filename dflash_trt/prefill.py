@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from . import logits_processors
 from .batch import Request, RunningBatch
 from .results import StepOutput
 from .sampling import choose_keyed
@@ -68,7 +69,10 @@ class PrefillJob:
         first_tokens = torch.zeros(len(self.requests), dtype=torch.long, device=self.mask.device)
         outputs = []
         for row, request in enumerate(self.requests):
-            first = int(choose_keyed(self._last_logits[row:row + 1], request.params, request.seed, 0)[0])
+            logits = self._last_logits[row:row + 1]
+            if request.params.has_logits_processors:  # the first token follows the prompt alone
+                logits = logits_processors.process(logits, request.params, request.prompt, 0)
+            first = int(choose_keyed(logits, request.params, request.seed, 0)[0])
             first_tokens[row] = first
             request.result.prefill_s = self.elapsed_s
             if not request.is_finished:  # a request aborted during its prefill gets no token

@@ -3,10 +3,14 @@
 Verification draws every block position from the target's own (temperature, top-k, top-p adjusted)
 distribution; a draft token is accepted only on exact match. With a one-hot (argmax) draft this is exact
 speculative sampling, so every emitted token is a target sample given the emitted prefix.
+
+min_tokens, bad_words_ids and the repetition / presence / frequency penalties adjust the target's logits
+before that choice (logits_processors.py, which states their semantics).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +28,12 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = no nucleus filter
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Logits processors (logits_processors.py); the defaults leave the logits untouched.
+    min_tokens: int = 0  # the stop tokens are masked until this many tokens were generated
+    bad_words_ids: tuple[tuple[int, ...], ...] = field(default_factory=tuple)  # token sequences never emitted
+    repetition_penalty: float = 1.0  # > 0; 1.0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         if self.max_new_tokens <= 0:
@@ -35,10 +45,30 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.min_tokens < 0:
+            raise DFlashError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise DFlashError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise DFlashError(f"{name} must be a finite number, got {getattr(self, name)}")
+        words = tuple(tuple(int(t) for t in word) for word in self.bad_words_ids)
+        if any(not word or min(word) < 0 for word in words):
+            raise DFlashError(f"bad_words_ids must be non-empty sequences of token ids >= 0, got {list(words)}")
+        object.__setattr__(self, "bad_words_ids", words)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def has_logits_processors(self) -> bool:
+        """Whether any logits processor changes this request's logits (else they are used as they are)."""
+        return bool(self.has_penalties or self.bad_words_ids or (self.min_tokens > 0 and self.stop_token_ids))
 
     def make_generator(self) -> torch.Generator | None:
         if self.is_greedy:

@@ -30,7 +30,13 @@ _GRPC_TYPES = {
     "stop_words": (object, "BYTES"),
     "end_id": (np.int32, "INT32"),
     "exclude_input_in_output": (bool, "BOOL"),
+    "min_tokens": (np.int32, "INT32"),
+    "bad_words": (object, "BYTES"),
+    "repetition_penalty": (np.float32, "FP32"),
+    "presence_penalty": (np.float32, "FP32"),
+    "frequency_penalty": (np.float32, "FP32"),
 }
+_WORD_LISTS = ("stop_words", "bad_words")
 
 
 class RequestFailed(DFlashError):
@@ -77,7 +83,7 @@ def grpc_inputs(text, max_tokens: int, **params) -> list:
     for name, value in params.items():
         if name not in _GRPC_TYPES:
             raise ValueError(f"unknown input {name!r}")
-        values[name] = [w.encode() for w in value] if name == "stop_words" else [value]
+        values[name] = [w.encode() for w in value] if name in _WORD_LISTS else [value]
     inputs = []
     for name, value in values.items():
         dtype, triton_type = _GRPC_TYPES[name]

@@ -38,6 +38,11 @@ INPUTS = {
     "stop_words": "TYPE_STRING",
     "end_id": "TYPE_INT32",
     "exclude_input_in_output": "TYPE_BOOL",
+    "min_tokens": "TYPE_INT32",
+    "bad_words": "TYPE_STRING",
+    "repetition_penalty": "TYPE_FP32",
+    "presence_penalty": "TYPE_FP32",
+    "frequency_penalty": "TYPE_FP32",
 }
 OUTPUTS = {
     "output_ids": "TYPE_INT32",
@@ -108,7 +113,7 @@ class DFlashService:
         try:
             gen, prompt_ids = parse_token_request(read_inputs(pb, request, INPUTS), self.limits, self.vocab_size)
             end_ids = request_end_ids(gen, self.runtime.default_end_ids)
-            params = sampling_params(gen, end_ids)
+            params = sampling_params(gen, end_ids, self.runtime.tokenizer)
         except DFlashError as error:
             sender.send(error_response(pb, str(error)), flags=_final(pb))
             done()

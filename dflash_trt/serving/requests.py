@@ -26,6 +26,12 @@ INPUTS = {
     "stop_words": ("OSU", "TYPE_STRING", False),
     "end_id": ("iu", "TYPE_INT32", False),
     "exclude_input_in_output": ("b", "TYPE_BOOL", False),
+    # TensorRT-LLM's logits controls (dflash_trt/logits_processors.py states what they do).
+    "min_tokens": ("iu", "TYPE_INT32", False),
+    "bad_words": ("OSU", "TYPE_STRING", False),
+    "repetition_penalty": ("f", "TYPE_FP32", False),
+    "presence_penalty": ("f", "TYPE_FP32", False),
+    "frequency_penalty": ("f", "TYPE_FP32", False),
 }
 # The preprocessing model (and so the ensemble) also takes TensorRT-LLM's other optional inputs, at their
 # neutral values only (trtllm_inputs.py); the dflash model takes INPUTS alone.
@@ -66,7 +72,10 @@ def request_end_ids(request: "GenerationRequest", default: tuple[int, ...]) -> t
 @dataclass(frozen=True)
 class GenerationRequest:
     """One validated request. `end_id` None means the model's own end-of-sequence tokens; -1 means none
-    (generate until max_tokens or a stop word: TensorRT-LLM's spelling of ignore_eos)."""
+    (generate until max_tokens or a stop word: TensorRT-LLM's spelling of ignore_eos). min_tokens holds the
+    end ids back until that many tokens were generated; bad_words are strings never to emit (each tokenized
+    without special tokens, as TensorRT-LLM's preprocessing does); the penalties are TensorRT-LLM's
+    (dflash_trt/logits_processors.py)."""
 
     text: str
     max_tokens: int
@@ -78,6 +87,11 @@ class GenerationRequest:
     stop_words: tuple[str, ...] = ()
     end_id: int | None = None
     exclude_input_in_output: bool = False
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
@@ -115,9 +129,14 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
         top_k=int(scalar(arrays, "top_k", 0)),
         top_p=float(scalar(arrays, "top_p", 1.0)),
         seed=_optional_int(scalar(arrays, "seed", None)),
-        stop_words=parse_stop_words(arrays.get("stop_words")),
+        stop_words=parse_words(arrays.get("stop_words"), "stop_words"),
         end_id=_optional_int(scalar(arrays, "end_id", None)),
         exclude_input_in_output=bool(scalar(arrays, "exclude_input_in_output", False)),
+        min_tokens=int(scalar(arrays, "min_tokens", 0)),
+        bad_words=parse_words(arrays.get("bad_words"), "bad_words"),
+        repetition_penalty=float(scalar(arrays, "repetition_penalty", 1.0)),
+        presence_penalty=float(scalar(arrays, "presence_penalty", 0.0)),
+        frequency_penalty=float(scalar(arrays, "frequency_penalty", 0.0)),
     )
     validate_sampling(request, limits)
     return request
@@ -156,6 +175,13 @@ def validate_sampling(request: GenerationRequest, limits: RequestLimits) -> None
         raise InvalidRequest(f"top_k must be >= 0, got {request.top_k}")
     if request.end_id is not None and request.end_id < IGNORE_EOS:
         raise InvalidRequest(f"end_id must be >= 0, or -1 to ignore end-of-sequence, got {request.end_id}")
+    if request.min_tokens < 0:
+        raise InvalidRequest(f"min_tokens must be >= 0, got {request.min_tokens}")
+    if not (np.isfinite(request.repetition_penalty) and request.repetition_penalty > 0):
+        raise InvalidRequest(f"repetition_penalty must be a finite number > 0, got {request.repetition_penalty:g}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not np.isfinite(getattr(request, name)):
+            raise InvalidRequest(f"{name} must be a finite number, got {getattr(request, name):g}")
 
 
 def validate_prompt_length(num_prompt_tokens: int, max_tokens: int, limits: RequestLimits) -> None:
@@ -186,11 +212,23 @@ def decode_text(value, name: str) -> str:
     return str(value)
 
 
-def parse_stop_words(array) -> tuple[str, ...]:
+def parse_words(array, name: str) -> tuple[str, ...]:
+    """A list-of-strings input (stop_words, bad_words): its non-empty strings."""
     if array is None:
         return ()
-    words = tuple(decode_text(v, "stop_words") for v in np.asarray(array, dtype=object).reshape(-1))
+    words = tuple(decode_text(v, name) for v in np.asarray(array, dtype=object).reshape(-1))
     return tuple(w for w in words if w)
+
+
+def bad_words_ids(words: tuple[str, ...], tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Each bad word as the token ids it encodes to without special tokens (TensorRT-LLM's preprocessing);
+    a word that encodes to nothing is dropped."""
+    if not words:
+        return ()
+    if tokenizer is None:
+        raise InvalidRequest("bad_words need the target's tokenizer, which this engine does not have")
+    encoded = (tuple(int(t) for t in tokenizer.encode(word, add_special_tokens=False)) for word in words)
+    return tuple(ids for ids in encoded if ids)
 
 
 def _optional_int(value):

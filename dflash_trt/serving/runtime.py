@@ -16,7 +16,7 @@ from typing import Iterator
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.generation import Step
-from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.serving.requests import GenerationRequest, bad_words_ids
 
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
 CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the decoding steps (verify and draft) replay CUDA graphs (open_runtime)
@@ -57,8 +57,8 @@ class LocalRuntime:
         """Steps of one generation; closing the iterator stops it between two verify steps."""
         from dflash_trt.decoding import stream_generate
 
-        for out in stream_generate(self.target, self.drafter, prompt_ids, sampling_params(request, end_ids),
-                                   block_size=self.block_size):
+        params = sampling_params(request, end_ids, self.tokenizer)
+        for out in stream_generate(self.target, self.drafter, prompt_ids, params, block_size=self.block_size):
             yield step_of(out)
 
     def close(self) -> None:
@@ -72,11 +72,15 @@ def step_of(out) -> Step:
                 out.num_accepted_drafts)
 
 
-def sampling_params(request: GenerationRequest, end_ids):
+def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):
+    """The decoding loop's SamplingParams of a request; its bad_words are tokenized with `tokenizer`."""
     from dflash_trt.sampling import SamplingParams
 
     return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
-                          top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids))
+                          top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids),
+                          min_tokens=request.min_tokens, bad_words_ids=bad_words_ids(request.bad_words, tokenizer),
+                          repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
+                          frequency_penalty=request.frequency_penalty)
 
 
 def usable_cpus() -> int:

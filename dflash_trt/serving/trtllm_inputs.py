@@ -3,8 +3,11 @@
 Clients written for TensorRT-LLM's triton_backend ensemble send these tensors, often with their default
 values (`bad_words: ""`, `beam_width: 1`, `return_log_probs: false`). The ensemble declares them with
 TensorRT-LLM's names, types and dims so such clients work unchanged. A value that asks for something this
-server does not do (beam search, log probs, penalties, banned words) is refused with an error naming the
+server does not do (beam search, log probs, an embedding bias) is refused with an error naming the
 tensor, never ignored: a client must not silently get a different behaviour.
+
+TensorRT-LLM's logits controls (min_tokens, bad_words, repetition_penalty, presence_penalty,
+frequency_penalty) are not here: they are served (requests.INPUTS, dflash_trt/logits_processors.py).
 """
 
 from __future__ import annotations
@@ -36,10 +39,6 @@ def _any_finite(array: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(array.astype(np.float64))))
 
 
-def _at_most(bound: int) -> Callable[[np.ndarray], bool]:
-    return lambda array: bool(np.all(array.reshape(-1) <= bound))
-
-
 # Kinds of numpy dtype accepted per Triton type (Triton converts JSON numbers; gRPC sends the exact type).
 KINDS = {"TYPE_STRING": "OSU", "TYPE_INT32": "iu", "TYPE_FP32": "f", "TYPE_BOOL": "b"}
 
@@ -47,15 +46,10 @@ COMPAT_INPUTS = {
     "decoder_text_input": CompatInput("TYPE_STRING", "1", _all_empty_strings,
                                       "empty (encoder-decoder models are not served)"),
     "num_return_sequences": CompatInput("TYPE_INT32", "1", _all(1), "1 (one sequence per request)"),
-    "bad_words": CompatInput("TYPE_STRING", "-1", _all_empty_strings, "empty (banned words are not supported)"),
     # pad_id only pads the outputs of a batch of beams; there is one sequence per request.
     "pad_id": CompatInput("TYPE_INT32", "1", lambda array: True, "any"),
     # TensorRT-LLM applies length_penalty only to beam search, which beam_width 1 rules out.
     "length_penalty": CompatInput("TYPE_FP32", "1", _any_finite, "any finite value (beam search only)"),
-    "repetition_penalty": CompatInput("TYPE_FP32", "1", _all(1.0), "1.0 (penalties are not supported)"),
-    "min_tokens": CompatInput("TYPE_INT32", "1", _at_most(1), "at most 1 (a minimum length is not supported)"),
-    "presence_penalty": CompatInput("TYPE_FP32", "1", _all(0.0), "0.0 (penalties are not supported)"),
-    "frequency_penalty": CompatInput("TYPE_FP32", "1", _all(0.0), "0.0 (penalties are not supported)"),
     "return_log_probs": CompatInput("TYPE_BOOL", "1", _all(False), "false (log probs are not returned)"),
     "return_context_logits": CompatInput("TYPE_BOOL", "1", _all(False), "false (logits are not returned)"),
     "return_generation_logits": CompatInput("TYPE_BOOL", "1", _all(False), "false (logits are not returned)"),

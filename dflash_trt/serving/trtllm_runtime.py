@@ -5,7 +5,8 @@ Written against TensorRT-LLM 1.3.0rc27 (the version the engine builder targets):
 sections converted by `llmapi.llm_utils.update_llm_args_with_extra_dict`),
 `LLM.generate_async(inputs, sampling_params, streaming=True)` returning a RequestOutput that is
 async-iterable and has `abort()`, `SamplingParams(max_tokens, temperature, top_k, top_p, seed,
-end_id, stop_token_ids, detokenize, return_perf_metrics)`, and per response
+end_id, stop_token_ids, detokenize, return_perf_metrics, min_tokens, bad, add_special_tokens,
+repetition_penalty, presence_penalty, frequency_penalty)`, and per response
 `outputs[0].token_ids_diff` and `.finish_reason`; the acceptance statistics are read by
 trtllm_stats.py (spec_dec_totals, perf-metrics counters, or tokens per iteration).
 
@@ -47,6 +48,23 @@ def sampling_kwargs(request: GenerationRequest, end_ids) -> dict:
                       top_p=request.top_p if request.top_p < 1.0 else None)
     if request.seed is not None:
         kwargs["seed"] = request.seed
+    kwargs.update(logits_control_kwargs(request))
+    return kwargs
+
+
+def logits_control_kwargs(request: GenerationRequest) -> dict:
+    """min_tokens, bad words and penalties as TensorRT-LLM's SamplingParams fields, only those a request set.
+
+    TensorRT-LLM applies them itself, with the semantics logits_processors.py follows; it tokenizes `bad`
+    with the LLM's tokenizer, without special tokens here (as its Triton preprocessing does)."""
+    kwargs = {}
+    if request.min_tokens > 0:
+        kwargs["min_tokens"] = request.min_tokens
+    if request.bad_words:
+        kwargs.update(bad=list(request.bad_words), add_special_tokens=False)
+    for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+        if getattr(request, name) != neutral:
+            kwargs[name] = getattr(request, name)
     return kwargs
 
 

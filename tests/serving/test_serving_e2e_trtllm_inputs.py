@@ -2,7 +2,8 @@
 
 Neutral values (empty bad_words, beam_width 1, return_log_probs false, ...) give the very answer of a
 request without them; a value that asks for something unsupported is refused in one clear message and
-the server stays healthy.
+the server stays healthy. The logits controls (bad_words, min_tokens, penalties) are served: the answer is
+plain decoding's with the same settings.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from dflash_trt.decoding import generate as decode
 from dflash_trt.serving.client import RequestFailed, generate
+from dflash_trt.serving.detokenize import decode as detokenize
+from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.serving.runtime import open_runtime, sampling_params
 from triton_waits import is_healthy, post
 
 pytestmark = pytest.mark.slow
@@ -87,7 +92,8 @@ def test_the_http_generate_body_of_tensorrt_llms_readme_works(triton):
 
 @pytest.mark.parametrize("name, value, message", [
     ("beam_width", (np.int32, [4]), "input 'beam_width' = 4 is not supported by DFlash serving; send 1"),
-    ("bad_words", (object, [b"Paris"]), "input 'bad_words' = 'Paris' is not supported by DFlash serving"),
+    ("embedding_bias_words", (object, [b"Paris"]),
+     "input 'embedding_bias_words' = 'Paris' is not supported by DFlash serving"),
     ("return_log_probs", (bool, [True]), "input 'return_log_probs' = True is not supported"),
 ])
 def test_an_unsupported_value_is_refused_in_one_clear_message(triton, name, value, message):
@@ -100,7 +106,43 @@ def test_an_unsupported_value_is_refused_in_one_clear_message(triton, name, valu
 
 def test_http_refuses_an_unsupported_value_with_400(triton):
     with pytest.raises(RequestFailed) as failure:
-        post(triton, {"text_input": PROMPT, "max_tokens": 8, "repetition_penalty": 1.3})
+        post(triton, {"text_input": PROMPT, "max_tokens": 8, "beam_width": 2})
     assert failure.value.status == 400
-    assert "input 'repetition_penalty' = 1.3 is not supported by DFlash serving; send 1.0" in str(failure.value)
+    assert "input 'beam_width' = 2 is not supported by DFlash serving; send 1" in str(failure.value)
+    assert is_healthy(triton)
+
+
+def test_bad_words_min_tokens_and_a_penalty_give_plain_decodings_tokens(triton, tiny_engine):
+    # The served pipeline (DFlash, block 8) against plain decoding of the same engine in this process.
+    runtime = open_runtime(tiny_engine, num_threads=1, block_size=1)
+    tokenizer, prompt = runtime.tokenizer, runtime.tokenizer.encode(PROMPT)  # preprocessing: no chat template
+
+    def plain_decoding(request, end_ids):
+        result = decode(runtime.target, None, [prompt], sampling_params(request, end_ids, tokenizer), 1)[0]
+        return result.token_ids[:-1] if result.finish_reason == "stop" else result.token_ids  # end id kept out
+
+    plain = plain_decoding(GenerationRequest(PROMPT, 16), ())
+    end_id, word = plain[1], detokenize(tokenizer, plain[3:5])  # an early end, a word of the plain answer
+    banned = plain_decoding(GenerationRequest(PROMPT, 16, bad_words=(word,)), ())
+    held = GenerationRequest(PROMPT, 16, end_id=end_id, min_tokens=8, repetition_penalty=1.3)
+    longer = plain_decoding(held, (end_id,))
+    assert banned != plain and len(longer) >= 8 > len(plain_decoding(GenerationRequest(PROMPT, 16, end_id=end_id),
+                                                                        (end_id,)))
+    assert longer != plain_decoding(GenerationRequest(PROMPT, 16, end_id=end_id, min_tokens=8), (end_id,))
+    for expected, inputs in ((banned, dict(bad_words=(object, [word.encode()]))),
+                             (longer, dict(end_id=(np.int32, [end_id]), min_tokens=(np.int32, [8]),
+                                           repetition_penalty=(np.float32, [1.3])))):
+        answer = infer(triton, trtllm_request(16, end_id=inputs.pop("end_id", (np.int32, [-1])), **inputs))
+        assert answer["text_output"] == detokenize(tokenizer, expected)
+        assert answer["num_output_tokens"] == len(expected)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0, got 0"),
+    ({"min_tokens": -1}, "min_tokens must be >= 0, got -1"),
+])
+def test_a_bad_logits_control_is_refused_with_400_and_the_server_stays_healthy(triton, body, message):
+    with pytest.raises(RequestFailed) as failure:
+        post(triton, {"text_input": PROMPT, "max_tokens": 8, **body})
+    assert failure.value.status == 400 and message in str(failure.value) and "\n" not in str(failure.value)
     assert is_healthy(triton)

@@ -93,6 +93,18 @@ def test_sampling_requests_pass_their_parameters_and_seed():
     assert sampling_kwargs(GenerationRequest("x", 8, temperature=1.0), (2,))["top_k"] is None
 
 
+def test_logits_controls_pass_to_tensorrt_llm_only_when_set():
+    request = GenerationRequest("x", 8, min_tokens=4, bad_words=("foo", "bar baz"), repetition_penalty=1.2,
+                                presence_penalty=0.5, frequency_penalty=-0.3)
+    kwargs = sampling_kwargs(request, (2,))
+    assert {k: kwargs[k] for k in ("min_tokens", "bad", "add_special_tokens", "repetition_penalty",
+                                   "presence_penalty", "frequency_penalty")} == {
+        "min_tokens": 4, "bad": ["foo", "bar baz"], "add_special_tokens": False, "repetition_penalty": 1.2,
+        "presence_penalty": 0.5, "frequency_penalty": -0.3}
+    neutral = sampling_kwargs(GenerationRequest("x", 8, min_tokens=0, repetition_penalty=1.0), (2,))
+    assert not neutral.keys() & {"min_tokens", "bad", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+
 def test_builds_the_llm_from_the_engine_options_and_streams_token_ids(trtllm):
     runtime = TrtllmRuntime(OPTIONS, tokenizer=None, block_size=8, default_end_ids=(2,))
     steps = list(runtime.steps([1, 2, 3], GenerationRequest("x", 16), (2,)))

@@ -13,7 +13,9 @@ class TritonPythonModel:
 
     Inputs: input_ids INT32 [-1], max_tokens INT32 [1], optional stream BOOL, temperature FP32,
     top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
-    exclude_input_in_output BOOL (all [1] unless noted).
+    exclude_input_in_output BOOL, min_tokens INT32, bad_words STRING [-1] (tokenized with the target's
+    tokenizer), repetition_penalty FP32, presence_penalty FP32, frequency_penalty FP32 (all [1] unless noted;
+    dflash_trt/logits_processors.py).
     Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
     num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
     total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1],

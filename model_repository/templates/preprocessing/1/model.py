@@ -14,8 +14,9 @@ class TritonPythonModel:
 
     Inputs (dims [1] unless noted): text_input STRING, max_tokens INT32, optional stream BOOL,
     temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
-    exclude_input_in_output BOOL; and TensorRT-LLM's other optional inputs (bad_words, beam_width, ...:
-    dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values.
+    exclude_input_in_output BOOL, min_tokens INT32, bad_words STRING [-1], repetition_penalty FP32,
+    presence_penalty FP32, frequency_penalty FP32; and TensorRT-LLM's other optional inputs (beam_width,
+    return_log_probs, ...: dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values.
     Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
     request gets an error response naming the bad input.
     Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
