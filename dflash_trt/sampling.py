@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -79,6 +80,17 @@ class SamplingParams:
         else:
             generator.manual_seed(self.seed)
         return generator
+
+
+def bad_words_ids(words: Sequence[str], tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Each bad word as the token ids it encodes to without special tokens (TensorRT-LLM's preprocessing),
+    for SamplingParams.bad_words_ids; a word that encodes to nothing is dropped."""
+    if not words:
+        return ()
+    if tokenizer is None:
+        raise DFlashError("bad_words need the target's tokenizer, which this target does not have")
+    encoded = (tuple(int(t) for t in tokenizer.encode(word, add_special_tokens=False)) for word in words)
+    return tuple(ids for ids in encoded if ids)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

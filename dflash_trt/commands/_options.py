@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import DFlashError
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, bad_words_ids
 from ..speculative_config import add_speculative_config_option, apply_to_args
 
 
@@ -38,6 +38,22 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--stop-ids", type=int_list,
                         help="stop token ids, e.g. 7,9; '' for none (default: the target's EOS)")
+    add_logits_options(parser)
+
+
+def add_logits_options(parser: argparse.ArgumentParser) -> None:
+    """The logits processors of SamplingParams (semantics in dflash_trt/logits_processors.py)."""
+    defaults = SamplingParams()
+    parser.add_argument("--min-tokens", type=int, default=defaults.min_tokens,
+                        help="the stop ids are masked until N tokens were generated (default: 0)")
+    parser.add_argument("--bad-words", action="append", default=[], metavar="WORD",
+                        help="text never to emit, tokenized without special tokens (repeatable)")
+    parser.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
+                        help="> 0; divides the positive logits of prompt and output tokens (default: 1.0, off)")
+    parser.add_argument("--presence-penalty", type=float, default=defaults.presence_penalty,
+                        help="subtracted from tokens present in prompt + output (default: 0.0)")
+    parser.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
+                        help="subtracted per occurrence in prompt + output (default: 0.0)")
 
 
 def load_pair(args):
@@ -83,7 +99,10 @@ def default_stop_ids(target) -> list[int]:
 def sampling_params(args, target) -> SamplingParams:
     stop_ids = args.stop_ids if args.stop_ids is not None else default_stop_ids(target)
     return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(stop_ids))
+                          top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(stop_ids),
+                          min_tokens=args.min_tokens, bad_words_ids=bad_words_ids(args.bad_words, target.tokenizer),
+                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty)
 
 
 def encode_prompt(target, text, chat: bool) -> list[int]:

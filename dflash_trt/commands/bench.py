@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._options import add_model_options, encode_prompt, int_list, load_pair, sampling_params
+from ._options import add_logits_options, add_model_options, encode_prompt, int_list, load_pair, sampling_params
 
 
 def register(subparsers) -> None:
@@ -17,6 +17,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, required=True)
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--stop-ids", type=int_list, help="stop token ids (default: the target's EOS)")
+    add_logits_options(parser)  # decoding stays greedy, so DFlash and block size 1 must still agree
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run, temperature=0.0, top_k=0, top_p=1.0, seed=None)
 

@@ -220,16 +220,5 @@ def parse_words(array, name: str) -> tuple[str, ...]:
     return tuple(w for w in words if w)
 
 
-def bad_words_ids(words: tuple[str, ...], tokenizer) -> tuple[tuple[int, ...], ...]:
-    """Each bad word as the token ids it encodes to without special tokens (TensorRT-LLM's preprocessing);
-    a word that encodes to nothing is dropped."""
-    if not words:
-        return ()
-    if tokenizer is None:
-        raise InvalidRequest("bad_words need the target's tokenizer, which this engine does not have")
-    encoded = (tuple(int(t) for t in tokenizer.encode(word, add_special_tokens=False)) for word in words)
-    return tuple(ids for ids in encoded if ids)
-
-
 def _optional_int(value):
     return None if value is None else int(value)

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.generation import Step
-from dflash_trt.serving.requests import GenerationRequest, bad_words_ids
+from dflash_trt.serving.requests import GenerationRequest
 
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
 CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the decoding steps (verify and draft) replay CUDA graphs (open_runtime)
@@ -74,7 +74,7 @@ def step_of(out) -> Step:
 
 def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):
     """The decoding loop's SamplingParams of a request; its bad_words are tokenized with `tokenizer`."""
-    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.sampling import SamplingParams, bad_words_ids
 
     return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
                           top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids),

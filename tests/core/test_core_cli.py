@@ -50,6 +50,10 @@ def test_generate_runs_a_dflash2_drafter(tiny_pair_dir, tmp_path, capsys):
     (["--drafter", "/nonexistent/drafter"], "drafter directory not found"),
     (["--prompt", "hello"], "has no tokenizer"),
     (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--min-tokens", "-1"], "min_tokens must be >= 0, got -1"),
+    (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0, got 0"),
+    (["--frequency-penalty", "nan"], "frequency_penalty must be a finite number, got nan"),
+    (["--bad-words", "foo"], "bad_words need the target's tokenizer"),
 ])
 def test_generate_reports_user_errors_in_one_line(tiny_pair_dir, capsys, args, message):
     base = {"--target": str(tiny_pair_dir / "target"), "--drafter": str(tiny_pair_dir / "drafter"),
@@ -61,6 +65,33 @@ def test_generate_reports_user_errors_in_one_line(tiny_pair_dir, capsys, args, m
     code = main(["generate", *[item for pair in base.items() for item in pair]])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_generate_logits_flags_change_the_output_and_equal_plain_decoding(tiny_text_pair_dir, capsys):
+    from transformers import AutoTokenizer
+
+    base = ["generate", "--target", str(tiny_text_pair_dir / "target"), "--drafter", str(tiny_text_pair_dir / "drafter"),
+            "--prompt", "The capital of France is", "--max-new-tokens", "12", "--json", "--stop-ids", ""]
+
+    def tokens(*flags) -> list[int]:
+        assert main([*base, *flags]) == 0
+        return json.loads(capsys.readouterr().out)["token_ids"]
+
+    plain = tokens()
+    word = AutoTokenizer.from_pretrained(str(tiny_text_pair_dir / "target")).decode(plain[3:5])  # in the answer
+    stop = ["--stop-ids", str(plain[2])]  # an early stop, for --min-tokens to hold back
+    stopped = tokens(*stop)
+    assert stopped == plain[:3]
+    answers = {}
+    for flags, without in ((["--bad-words", word], plain), ([*stop, "--min-tokens", "8"], stopped),
+                           # the random target never repeats a token: only penalties that reward repetition
+                           # change its answer
+                           (["--repetition-penalty", "0.5"], plain), (["--presence-penalty", "-1"], plain),
+                           (["--frequency-penalty", "-1"], plain)):
+        answers[flags[-2]] = dflash = tokens(*flags)
+        assert dflash != without, flags  # the control changes the answer
+        assert dflash == tokens(*flags, "--block-size", "1"), flags  # and DFlash keeps plain decoding's
+    assert len(answers["--min-tokens"]) >= 8
 
 
 def test_bench_reports_tau_speedup_and_identity(tiny_text_pair_dir, tmp_path, capsys):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_trt.serving.requests import (INPUTS, InvalidRequest, RequestLimits, bad_words_ids, parse_request,
-                                         parse_token_request)
+from dflash_trt.errors import DFlashError
+from dflash_trt.sampling import bad_words_ids
+from dflash_trt.serving.requests import INPUTS, InvalidRequest, RequestLimits, parse_request, parse_token_request
 from dflash_trt.serving.runtime import sampling_params
 from dflash_trt.serving.trtllm_inputs import COMPAT_INPUTS
 
@@ -131,5 +132,5 @@ def test_bad_words_are_tokenized_without_special_tokens(smollm2_tokenizer):
 
 
 def test_bad_words_without_a_tokenizer_are_refused():
-    with pytest.raises(InvalidRequest, match="bad_words need the target's tokenizer"):
+    with pytest.raises(DFlashError, match="bad_words need the target's tokenizer"):
         bad_words_ids(("foo",), None)
