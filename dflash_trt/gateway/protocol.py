@@ -1,8 +1,17 @@
 """Validation of OpenAI request bodies into small dataclasses (no web framework involved).
 
 Unknown keys are refused rather than dropped; keys that OpenAI clients commonly send with their
-neutral value (presence_penalty 0, logprobs null, ...) are accepted only with that value, so a
-request never silently means something else here than on OpenAI.
+neutral value (logprobs null, best_of 1, ...) are accepted only with that value, so a request never
+silently means something else here than on OpenAI.
+
+The logits controls go to the ensemble's TensorRT-LLM-named tensors and keep TensorRT-LLM's semantics
+(dflash_trt/logits_processors.py): `presence_penalty` and `frequency_penalty` (OpenAI's range -2..2) count
+the prompt's tokens as well as the generated ones, and are subtracted after the temperature scaling (not
+divided by the temperature). OpenAI (and vLLM) count the generated tokens only, so the same value weighs
+more here, from the first token on. vLLM's extensions `min_tokens` (holds back the end-of-sequence tokens
+only; a stop string still ends the text), `repetition_penalty` (prompt and output tokens, as in vLLM) and
+`bad_words` (each string tokenized as given, as TensorRT-LLM does; vLLM also bans it with a leading space)
+are accepted too.
 """
 
 from __future__ import annotations
@@ -19,8 +28,6 @@ MAX_SEED = 2**64 - 1  # Triton's seed input is UINT64
 ROLES = ("system", "developer", "user", "assistant")
 # Accepted only with a neutral value: key -> predicate on the value.
 NEUTRAL = {
-    "presence_penalty": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0),
     "logprobs": lambda v: v in (None, False),
     "top_logprobs": lambda v: v in (None, 0),
     "logit_bias": lambda v: not v,
@@ -32,12 +39,11 @@ NEUTRAL = {
     "response_format": lambda v: v in (None, {"type": "text"}),
 }
 COMMON_KEYS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
-               "stream_options", "user", "ignore_eos"}
-COMPLETION_KEYS = COMMON_KEYS | {"prompt", "echo", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
-                                 "best_of", "suffix"}
-CHAT_KEYS = COMMON_KEYS | {"messages", "max_completion_tokens", "chat_template_kwargs", "presence_penalty",
-                           "frequency_penalty", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice",
-                           "parallel_tool_calls", "response_format"}
+               "stream_options", "user", "ignore_eos", "presence_penalty", "frequency_penalty",
+               "min_tokens", "repetition_penalty", "bad_words"}
+COMPLETION_KEYS = COMMON_KEYS | {"prompt", "echo", "logprobs", "logit_bias", "best_of", "suffix"}
+CHAT_KEYS = COMMON_KEYS | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs",
+                           "logit_bias", "tools", "tool_choice", "parallel_tool_calls", "response_format"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,12 @@ class Sampling:
     # Keep generating past end-of-sequence tokens, up to max_tokens (an extension vLLM and
     # TensorRT-LLM also accept; benchmarks use it for outputs of a fixed length).
     ignore_eos: bool = False
+    # Logits controls (TensorRT-LLM's semantics, see the module docstring); the defaults change nothing.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # a vLLM extension, as are the two below
+    repetition_penalty: float = 1.0
+    bad_words: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,7 +164,30 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     max_tokens = _integer(body, "max_tokens", None)
     if max_tokens is not None and max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body.get("stop")), _bool(body, "ignore_eos"))
+    penalties = {key: _number(body, key, 0.0) for key in ("presence_penalty", "frequency_penalty")}
+    for key, value in penalties.items():
+        if not -2.0 <= value <= 2.0:
+            raise invalid(f"{key} must be between -2 and 2, got {value}", key)
+    repetition_penalty = _number(body, "repetition_penalty", defaults.repetition_penalty)
+    if repetition_penalty <= 0:
+        raise invalid(f"repetition_penalty must be > 0, got {repetition_penalty}", "repetition_penalty")
+    min_tokens = _integer(body, "min_tokens", defaults.min_tokens)
+    if min_tokens < 0:
+        raise invalid(f"min_tokens must be >= 0, got {min_tokens}", "min_tokens")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid(f"min_tokens must be at most max_tokens={max_tokens}, got {min_tokens}", "min_tokens")
+    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body.get("stop")), _bool(body, "ignore_eos"),
+                    min_tokens=min_tokens, repetition_penalty=repetition_penalty, bad_words=_bad_words(body),
+                    **penalties)
+
+
+def _bad_words(body: dict[str, Any]) -> tuple[str, ...]:
+    words = body.get("bad_words")
+    if words is None:
+        return ()
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise invalid("bad_words must be a list of strings", "bad_words")
+    return tuple(w for w in words if w)
 
 
 def _stop(value) -> tuple[str, ...]:

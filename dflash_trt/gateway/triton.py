@@ -126,6 +126,7 @@ def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
         arrays["end_id"] = np.array([IGNORE_EOS], dtype=np.int32)
     if sampling.stop:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in sampling.stop], dtype=np.object_)
+    arrays.update(logits_control_arrays(sampling))
     inputs = []
     for name, array in arrays.items():
         array = array.reshape(1, -1)  # TensorRT-LLM's layout: a leading batch dimension of 1
@@ -133,6 +134,20 @@ def request_inputs(prompt: str, sampling: Sampling, max_tokens: int) -> list:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def logits_control_arrays(sampling: Sampling) -> dict[str, np.ndarray]:
+    """The logits controls a request sets, as the ensemble's TensorRT-LLM-named tensors (neutral ones are left
+    out, so that a plain request stays the same request)."""
+    arrays = {}
+    if sampling.min_tokens:
+        arrays["min_tokens"] = np.array([sampling.min_tokens], dtype=np.int32)
+    if sampling.bad_words:
+        arrays["bad_words"] = np.array([w.encode("utf-8") for w in sampling.bad_words], dtype=np.object_)
+    for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+        if getattr(sampling, name) != neutral:
+            arrays[name] = np.array([getattr(sampling, name)], dtype=np.float32)
+    return arrays
 
 
 def _triton_dtype(array: np.ndarray) -> str:

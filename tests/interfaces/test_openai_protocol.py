@@ -37,6 +37,15 @@ def test_completion_reads_every_supported_parameter():
     assert request.stream and request.include_usage and request.echo
 
 
+def test_logits_controls_are_read_on_both_endpoints():
+    body = dict(presence_penalty=-2, frequency_penalty=1.5, min_tokens=4, max_tokens=4, repetition_penalty=1.2,
+                bad_words=[" Paris", "", "New York"])
+    for request in (completion(**body), chat(**body)):
+        assert request.sampling == Sampling(max_tokens=4, presence_penalty=-2.0, frequency_penalty=1.5, min_tokens=4,
+                                            repetition_penalty=1.2, bad_words=(" Paris", "New York"))
+    assert completion(presence_penalty=2, frequency_penalty=-2).sampling.presence_penalty == 2.0  # the range's ends
+
+
 def test_a_single_stop_string_and_a_one_prompt_list_are_accepted():
     request = completion(prompt=["Once"], stop="END")
     assert (request.prompt, request.sampling.stop) == ("Once", ("END",))
@@ -70,7 +79,16 @@ def test_chat_normalizes_text_parts_and_the_developer_role():
     ({"ignore_eos": 1}, "ignore_eos"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"logprobs": 3}, "logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"presence_penalty": -2.01}, "presence_penalty"),
+    ({"frequency_penalty": 3}, "frequency_penalty"),
+    ({"frequency_penalty": "high"}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 2.5}, "min_tokens"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+    ({"bad_words": "Paris"}, "bad_words"),
+    ({"bad_words": ["Paris", 3]}, "bad_words"),
     ({"best_of": 2}, "best_of"),
     ({"frobnicate": 1}, "frobnicate"),
     ({"prompt": ""}, "prompt"),

@@ -111,6 +111,29 @@ def test_ignore_eos_sends_end_id_minus_one():
     assert np.frombuffer(inputs["end_id"]._get_content(), dtype=np.int32).tolist() == [-1]
 
 
+def test_logits_controls_go_as_the_ensembles_tensorrt_llm_named_tensors():
+    from tritonclient.utils import deserialize_bytes_tensor
+
+    sampling = Sampling(min_tokens=5, bad_words=(" Paris", "New York"), repetition_penalty=1.25, presence_penalty=-0.5,
+                        frequency_penalty=1.5)
+    inputs = {t.name(): t for t in request_inputs("Hi", sampling, 8)}
+    sent = {name: (inputs[name].datatype(), inputs[name].shape()) for name in
+            ("min_tokens", "bad_words", "repetition_penalty", "presence_penalty", "frequency_penalty")}
+    assert sent == {"min_tokens": ("INT32", [1, 1]), "bad_words": ("BYTES", [1, 2]),
+                    "repetition_penalty": ("FP32", [1, 1]), "presence_penalty": ("FP32", [1, 1]),
+                    "frequency_penalty": ("FP32", [1, 1])}
+    values = {name: np.frombuffer(inputs[name]._get_content(), dtype=np.float32).tolist()
+              for name in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
+    assert values == {"repetition_penalty": [1.25], "presence_penalty": [-0.5], "frequency_penalty": [1.5]}
+    assert np.frombuffer(inputs["min_tokens"]._get_content(), dtype=np.int32).tolist() == [5]
+    assert deserialize_bytes_tensor(inputs["bad_words"]._get_content()).tolist() == [b" Paris", b"New York"]
+
+
+def test_neutral_logits_controls_send_no_tensors():
+    names = {t.name() for t in request_inputs("Hi", Sampling(), 3)}
+    assert not names & {"min_tokens", "bad_words", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+
 @pytest.mark.parametrize("message, status", [
     ("max_tokens must be in [1, 507], got 600", 400),
     ("generation failed: CUDA error", 500),
