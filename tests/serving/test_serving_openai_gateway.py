@@ -141,6 +141,18 @@ def test_a_stop_string_ends_the_text_before_it(client):
     assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
 
 
+def test_bad_words_and_a_penalty_change_the_answer_as_on_tritons_generate(client, triton, smollm2_tokenizer):
+    """vLLM's bad_words and OpenAI's presence_penalty reach the ensemble as its bad_words and presence_penalty."""
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text
+    word = smollm2_tokenizer.decode(smollm2_tokenizer.encode(plain)[3:5])  # a word of the plain answer
+    controlled = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0,
+                                           presence_penalty=-1.0, extra_body={"bad_words": [word]})
+    reference = triton_generate(triton, PROMPT, 16, bad_words=[word], presence_penalty=-1.0)
+    assert controlled.choices[0].text != plain
+    assert controlled.choices[0].text == reference["text_output"]
+    assert controlled.usage.completion_tokens == reference["num_output_tokens"]
+
+
 def test_seeded_sampling_repeats_and_depends_on_the_seed(client):
     def sample(seed):
         return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9,
@@ -163,6 +175,7 @@ def test_unknown_model_is_a_404(client):
     ({"temperature": 3.0}, "temperature"),
     ({"temperature": -1.0}, "temperature"),
     ({"n": 2}, "n"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
 ])
 def test_bad_parameters_are_400s_that_name_the_parameter(client, params, param):
     import openai
