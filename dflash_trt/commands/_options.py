@@ -44,15 +44,15 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 def add_logits_options(parser: argparse.ArgumentParser) -> None:
     """The logits processors of SamplingParams (semantics in dflash_trt/logits_processors.py)."""
     defaults = SamplingParams()
-    parser.add_argument("--min-tokens", type=int, default=defaults.min_tokens,
+    parser.add_argument("--min-tokens", type=int, default=defaults.min_tokens, metavar="N",
                         help="the stop ids are masked until N tokens were generated (default: 0)")
     parser.add_argument("--bad-words", action="append", default=[], metavar="WORD",
                         help="text never to emit, tokenized without special tokens (repeatable)")
-    parser.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
+    parser.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty, metavar="R",
                         help="> 0; divides the positive logits of prompt and output tokens (default: 1.0, off)")
-    parser.add_argument("--presence-penalty", type=float, default=defaults.presence_penalty,
+    parser.add_argument("--presence-penalty", type=float, default=defaults.presence_penalty, metavar="A",
                         help="subtracted from tokens present in prompt + output (default: 0.0)")
-    parser.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
+    parser.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty, metavar="F",
                         help="subtracted per occurrence in prompt + output (default: 0.0)")
 
 

@@ -8,10 +8,10 @@ The logits controls go to the ensemble's TensorRT-LLM-named tensors and keep Ten
 (dflash_trt/logits_processors.py): `presence_penalty` and `frequency_penalty` (OpenAI's range -2..2) count
 the prompt's tokens as well as the generated ones, and are subtracted after the temperature scaling (not
 divided by the temperature). OpenAI (and vLLM) count the generated tokens only: a token of the prompt is
-penalized here from the first generated token on, there only once it was generated. vLLM's extensions `min_tokens` (holds back the end-of-sequence tokens
-only; a stop string still ends the text), `repetition_penalty` (prompt and output tokens, as in vLLM) and
-`bad_words` (each string tokenized as given, as TensorRT-LLM does; vLLM also bans it with a leading space)
-are accepted too.
+penalized here from the first generated token on, there only once it was generated. vLLM's extensions
+`min_tokens` (holds back the end-of-sequence tokens only; a stop string still ends the text),
+`repetition_penalty` (prompt and output tokens, as in vLLM) and `bad_words` (each string tokenized as given,
+as TensorRT-LLM does; vLLM also bans it with a leading space) are accepted too.
 """
 
 from __future__ import annotations

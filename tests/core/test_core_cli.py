@@ -70,7 +70,8 @@ def test_generate_reports_user_errors_in_one_line(tiny_pair_dir, capsys, args, m
 def test_generate_logits_flags_change_the_output_and_equal_plain_decoding(tiny_text_pair_dir, capsys):
     from transformers import AutoTokenizer
 
-    base = ["generate", "--target", str(tiny_text_pair_dir / "target"), "--drafter", str(tiny_text_pair_dir / "drafter"),
+    pair = tiny_text_pair_dir
+    base = ["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
             "--prompt", "The capital of France is", "--max-new-tokens", "12", "--json", "--stop-ids", ""]
 
     def tokens(*flags) -> list[int]:
@@ -78,7 +79,7 @@ def test_generate_logits_flags_change_the_output_and_equal_plain_decoding(tiny_t
         return json.loads(capsys.readouterr().out)["token_ids"]
 
     plain = tokens()
-    word = AutoTokenizer.from_pretrained(str(tiny_text_pair_dir / "target")).decode(plain[3:5])  # in the answer
+    word = AutoTokenizer.from_pretrained(str(pair / "target")).decode(plain[3:5])  # in the answer
     stop = ["--stop-ids", str(plain[2])]  # an early stop, for --min-tokens to hold back
     stopped = tokens(*stop)
     assert stopped == plain[:3]
