@@ -111,8 +111,9 @@ def train_on_cache(tc: TrainConfig, samples: list[dict], model, tok) -> dict:
     trainer = Trainer(tc, samples, emb, head, model.config, evaluate, final_norm_weight=model.model.norm.weight,
                       refresh=lambda known: load_feature_cache(tc.data, tc.target_layer_ids, known))
     last = trainer.run()
-    return {"steps": trainer.step, "train_s": round(trainer.elapsed, 1), "num_samples": len(samples),
-            "num_response_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in samples), "last": last}
+    trained = trainer.samples  # with the samples the trainer picked up from the cache while it ran
+    return {"steps": trainer.step, "train_s": round(trainer.elapsed, 1), "num_samples": len(trained),
+            "num_response_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in trained), "last": last}
 
 
 def export(tc: TrainConfig, cfg: PipelineConfig, model, tok) -> dict:
