@@ -1,9 +1,9 @@
 """Which runtime can run which drafter: one table, so every path refuses the same way, in one line.
 
 - torch: every family and attention pattern (this package is the reference implementation).
-- onnx / tensorrt: the exported graph is DFlash v1 around the attention plugin, which attends to every
-  context row without a mask; DFlash2 (convolutions, candidate selector) and sliding or causal drafters
-  are refused.
+- onnx / tensorrt: the exported graph runs either family's layers around the attention plugin, which
+  attends to every context row without a mask, so sliding or causal drafters are refused. DFlash2's
+  candidate selector runs on the host (plugin.draft_head).
 - trtllm: TensorRT-LLM's DFlash (tensorrt_llm/_torch/speculative/dflash.py, models/modeling_dflash.py)
   builds the draft layers from the target's own architecture and has no grouped convolution or
   candidate selector, so DFlash2 drafters are refused.
@@ -18,9 +18,6 @@ from ..errors import ConfigError
 def unsupported_reason(runtime: str, config: DrafterConfig) -> str | None:
     """Why `runtime` cannot run a drafter of `config`, or None when it can."""
     if runtime in ("onnx", "tensorrt"):
-        if config.family != "dflash":
-            return (f"runtime {runtime} exports DFlashDraftModel drafters only, not {config.architecture} "
-                    "(no ONNX form of its convolutions and candidate selector yet); use --runtime torch")
         if not config.is_plain_attention:
             return (f"runtime {runtime}'s attention plugin attends to every context row; this drafter has "
                     "sliding-window or causal layers; use --runtime torch")

@@ -18,8 +18,13 @@ class DraftLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope, block_lens=None):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, cache_k, cache_v, cache_lens, ctx_lens, rope,
-                               block_lens)
+        return self.compute(x, lambda h: self.self_attn(h, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope,
+                                                        block_lens))
+
+    def compute(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """The layer on block states x [B,S,D], with `attend(h)` as its attention (the exported graph passes
+        the plugin op)."""
+        x = x + attend(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -38,15 +38,20 @@ class GroupedDynamicConv(nn.Module):
         return self.kernel_projection(h).view(*h.shape[:-1], 2, self.kernel_size, self.groups)
 
     def apply(self, u: torch.Tensor, coefficients: torch.Tensor, side: int) -> torch.Tensor:
-        """Convolve u [..., L, D] along L with side 0 (pre) or 1 (post) of `coefficients`."""
+        """Convolve u [..., L, D] along L with side 0 (pre) or 1 (post) of `coefficients`.
+
+        u is zero-padded on the left by kernel_size - 1 slots and each tap reads a shifted window of it,
+        so the graph has no branch on L (a block shorter than the kernel exports and runs the same).
+        """
         length = u.shape[-2]
         grouped = u.view(*u.shape[:-1], self.groups, self.group_size)
         delta = coefficients[..., side, :, :, None]  # [..., L, T, G, 1]: indexed by the OUTPUT slot
         base = self.base_kernel[side].view(self.kernel_size, self.groups, self.group_size).to(u.dtype)
+        padded = nn.functional.pad(grouped, (0, 0, 0, 0, self.kernel_size - 1, 0))
         out = torch.zeros_like(grouped)
-        for tap in range(min(self.kernel_size, length)):
-            shifted = grouped if tap == 0 else torch.cat(
-                (torch.zeros_like(grouped[..., :tap, :, :]), grouped[..., :length - tap, :, :]), dim=-3)
+        for tap in range(self.kernel_size):
+            start = self.kernel_size - 1 - tap
+            shifted = padded[..., start:start + length, :, :]
             out = out + base[tap] * shifted + delta[..., tap, :, :] * shifted
         return out.view_as(u)
 
@@ -63,11 +68,15 @@ class DFlash2Layer(nn.Module):
         self.mlp_conv = GroupedDynamicConv(d, config.conv_kernel_size, config.conv_group_size)
 
     def forward(self, x, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope, block_lens=None):
+        return self.compute(x, lambda h: self.self_attn(h, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope,
+                                                        block_lens))
+
+    def compute(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """The layer on block states x [B,S,D], with `attend(h)` as its attention (the exported graph passes
+        the plugin op)."""
         h = self.input_layernorm(x)
         delta = self.attention_conv.coefficients(h)
-        a = self.self_attn(self.attention_conv.apply(h, delta, 0), ctx, cache_k, cache_v, cache_lens, ctx_lens,
-                           rope, block_lens)
-        x = x + self.attention_conv.apply(a, delta, 1)
+        x = x + self.attention_conv.apply(attend(self.attention_conv.apply(h, delta, 0)), delta, 1)
         m = self.post_attention_layernorm(x)
         delta = self.mlp_conv.coefficients(m)
         return x + self.mlp_conv.apply(self.mlp(self.mlp_conv.apply(m, delta, 0)), delta, 1)

@@ -85,13 +85,16 @@ def _load_models(engine: Engine, device: str) -> None:
     if engine.runtime == "torch":
         engine.drafter = load_drafter(engine.drafter_path, dtype=dtype, device=device)
     elif engine.runtime == "onnx":
+        from ..plugin.draft_head import load_draft_head
         from ..plugin.onnx_runtime import OnnxDrafter
 
-        engine.drafter = OnnxDrafter(engine.drafter_onnx, engine.drafter_config)
+        engine.drafter = OnnxDrafter(engine.drafter_onnx, load_draft_head(engine.drafter_path, dtype))
     elif engine.runtime == "tensorrt" and engine.tensorrt_plan is not None and str(device).startswith("cuda"):
+        from ..plugin.draft_head import load_draft_head
         from ..plugin.tensorrt_runtime import TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
 
-        engine.drafter = TensorRTDrafter(engine.tensorrt_plan, engine.drafter_config, device=device)
+        engine.drafter = TensorRTDrafter(engine.tensorrt_plan, load_draft_head(engine.drafter_path, dtype, device),
+                                         device=device)
 
 
 def _llm_options(engine: Engine) -> dict[str, Any]:

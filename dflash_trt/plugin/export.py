@@ -1,10 +1,13 @@
-"""Export a DFlash drafter to ONNX with one DFlashAttention plugin node per layer.
+"""Export a drafter (DFlash or DFlash2) to ONNX with one DFlashAttention plugin node per layer.
 
 Graph (B, C, Cmax and S dynamic; S <= the trained block size):
   inputs  block_embeds [B,S,D], features [B,C,K*D], cache_lens [B] int32, ctx_lens [B] int32,
           cache_k_<i>, cache_v_<i> [B,Hkv,Cmax,Dh] for every layer i
   outputs hidden [B,S,D] (final-normed block states), cache_k_out_<i>, cache_v_out_<i>
-The target's embedding and lm_head stay outside, as for the PyTorch drafter.
+The target's embedding and lm_head stay outside, as for the PyTorch drafter, and so does what turns the
+hidden states into drafts (argmax, or DFlash2's candidate selector walk: a short sequential loop that
+samples): the runtimes run it on the host with the drafter's own `choose_drafts` (plugin.draft_head).
+DFlash2's convolutions act along the block axis only and are plain ops inside the graph.
 """
 
 from __future__ import annotations
@@ -59,11 +62,11 @@ class ExportGraph(nn.Module):
         x = block_embeds
         new_caches = []
         for i, layer in enumerate(d.layers):
-            attn_out, cache_k, cache_v = self._attention(layer.self_attn, layer.input_layernorm(x), ctx,
-                                                         caches[2 * i], caches[2 * i + 1], cache_lens, ctx_lens)
-            x = x + attn_out
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            new_caches += [cache_k, cache_v]
+            def attend(h, attn=layer.self_attn, cache_k=caches[2 * i], cache_v=caches[2 * i + 1]):
+                out, cache_k, cache_v = self._attention(attn, h, ctx, cache_k, cache_v, cache_lens, ctx_lens)
+                new_caches.extend((cache_k, cache_v))
+                return out
+            x = layer.compute(x, attend)  # the family's own layer, with the plugin as its attention
         return (d.norm(x), *new_caches)
 
 
@@ -85,7 +88,7 @@ def export_drafter(drafter, out_path: str | Path) -> Path:
     from ..drafters.support import check_runtime
 
     config = drafter.config
-    check_runtime("onnx", config)  # the graph is DFlash v1 around the plugin node
+    check_runtime("onnx", config)  # the plugin node attends to every context row, without a mask
     dtype = next(drafter.parameters()).dtype
     batch, num_ctx, capacity = torch.export.Dim("batch"), torch.export.Dim("num_ctx"), torch.export.Dim("capacity")
     # The block may be shorter than the trained one: the last block of a generation shrinks to what remains.

@@ -1,7 +1,8 @@
 """The `onnx` runtime's drafter: the exported graph run by onnxruntime with the plugin's custom-op library.
 
 `OnnxDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), so
-`generate(target, OnnxDrafter(...), ...)` runs the same loop. Values are fp32 or fp16 (numpy has no bf16).
+`generate(target, OnnxDrafter(...), ...)` runs the same loop; the drafter's host part (embeddings in, draft
+choice out: plugin.draft_head) runs in torch. Graph values are fp32 or fp16 (numpy has no bf16).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import numpy as np
 import torch
 
 from ..config import DrafterConfig
+from ..drafters import DrafterBase
 from ..errors import DFlashError
+from .draft_head import ExportedDrafter, draft_head
 from .export import cache_names
 from .onnx_node import ort_library
-from .ragged_blocks import propose_by_length
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -55,23 +57,26 @@ class OnnxDraftCache:
         self.lens[indices.cpu()] = part.lens
 
 
-class OnnxDrafter:
+class OnnxDrafter(ExportedDrafter):
     """A drafter ONNX file (dflash_trt.plugin.export) run by onnxruntime on CPU."""
 
-    def __init__(self, onnx_path: str | Path, config: DrafterConfig, provider: str = "auto"):
-        """provider: "library" (C++ custom-op library), "python" (onnxruntime-extensions op, fp32) or "auto"."""
+    def __init__(self, onnx_path: str | Path, head: DrafterBase, provider: str = "auto"):
+        """head: the drafter's host part (plugin.draft_head.load_draft_head of its directory).
+
+        provider: "library" (C++ custom-op library), "python" (onnxruntime-extensions op, fp32) or "auto".
+        """
         import onnxruntime as ort
 
         library, model = _custom_op(onnx_path, provider)
         options = ort.SessionOptions()
         options.register_custom_ops_library(library)
         self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        self.config = config
+        self.head = head
         value_type = self.session.get_inputs()[0].type
         if value_type not in _NUMPY_TYPES:
             raise DFlashError(f"the onnx runtime runs fp32 or fp16 drafters, not {value_type}")
         self.dtype = _NUMPY_TYPES[value_type]
-        self._cache_inputs = cache_names(config.num_hidden_layers)
+        self._cache_inputs = cache_names(head.config.num_hidden_layers)
 
     @property
     def static_block_size(self) -> int | None:
@@ -99,20 +104,6 @@ class OnnxDrafter:
         cache.k, cache.v = new_caches[0::2], new_caches[1::2]
         cache.lens = cache.lens + ctx_lens.cpu()
         return torch.from_numpy(hidden).to(block_embeds.dtype)
-
-    @torch.inference_mode()
-    def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: OnnxDraftCache, block_lens: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose.
-
-        The graph has no block mask, so rows whose (shortened last) block is shorter run as their own
-        batch on their own block length: each row drafts exactly what it would alone.
-        """
-        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
-
-    def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
-        hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
-        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)
 
 
 def _custom_op(onnx_path: str | Path, provider: str) -> tuple[str, str | bytes]:
@@ -150,4 +141,4 @@ def load_onnx_drafter(drafter_dir: str | Path, dtype: torch.dtype = torch.float3
     if onnx_path is None or not Path(onnx_path).is_file():
         directory = Path(tempfile.mkdtemp(prefix="dflash-onnx-"))
         onnx_path = export_drafter(drafter, directory / "drafter.onnx")
-    return OnnxDrafter(onnx_path, drafter.config)
+    return OnnxDrafter(onnx_path, draft_head(drafter))

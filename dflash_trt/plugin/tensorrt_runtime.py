@@ -1,7 +1,7 @@
 """The `tensorrt` runtime's drafter: drafter.plan (trtexec, with the plugin library) run by TensorRT's Python API.
 
 `TensorRTDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), like
-`OnnxDrafter`. The caches are torch tensors on the device; the plugin's cache outputs are bound to the same memory
+`OnnxDrafter`, with the drafter's host part (plugin.draft_head) in torch on the same device. The caches are torch tensors on the device; the plugin's cache outputs are bound to the same memory
 as its cache inputs, so with aliased plugin I/O (trtexec --preview=+aliasedPluginIO1003, which the engine builder
 passes) a call updates them in place and copies nothing. It runs on torch's current stream with execute_async_v3.
 """
@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from ..config import DrafterConfig
+from ..drafters import DrafterBase
 from ..errors import DFlashError
+from .draft_head import ExportedDrafter
 from .export import cache_names
-from .ragged_blocks import propose_by_length
 
 INPUTS = ("block_embeds", "features", "cache_lens", "ctx_lens")
 
@@ -63,11 +64,12 @@ class TensorRTDraftCache:
         self.lens[indices] = part.lens
 
 
-class TensorRTDrafter:
+class TensorRTDrafter(ExportedDrafter):
     """A drafter engine (drafter.plan) with the DFlashAttention plugin, run by TensorRT on one device."""
 
-    def __init__(self, plan_path: str | Path, config: DrafterConfig, plugin_library: str | Path | None = None,
+    def __init__(self, plan_path: str | Path, head: DrafterBase, plugin_library: str | Path | None = None,
                  device: torch.device | str = "cuda"):
+        """head: the drafter's host part (plugin.draft_head.load_draft_head of its directory, on `device`)."""
         try:
             import tensorrt as trt
         except ImportError:
@@ -85,11 +87,11 @@ class TensorRTDrafter:
         if self.engine is None:
             raise DFlashError(f"{plan_path}: TensorRT could not deserialize the drafter engine")
         self.context = self.engine.create_execution_context()
-        self.config = config
+        self.head = head
         self.device = torch.device(device)
         self.dtype = _torch_dtype(trt, self.engine.get_tensor_dtype("block_embeds"))
-        self._cache_inputs = cache_names(config.num_hidden_layers)
-        self._cache_outputs = cache_names(config.num_hidden_layers, "_out")
+        self._cache_inputs = cache_names(head.config.num_hidden_layers)
+        self._cache_outputs = cache_names(head.config.num_hidden_layers, "_out")
 
     def new_cache(self, batch_size: int, capacity: int) -> TensorRTDraftCache:
         return TensorRTDraftCache(self.config, batch_size, capacity, self.dtype, self.device)
@@ -119,13 +121,3 @@ class TensorRTDrafter:
             raise DFlashError("TensorRT failed to run the drafter engine")
         cache.lens = cache.lens + ctx_lens.to(cache.lens.device)
         return hidden
-
-    @torch.inference_mode()
-    def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: TensorRTDraftCache, block_lens: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft tokens [B, S-1] for block slots 1..S-1, as DFlashDrafter.propose (ragged blocks by length)."""
-        return propose_by_length(self._drafts, target, block, features, ctx_lens, cache, block_lens)
-
-    def _drafts(self, target, block, features, ctx_lens, cache) -> torch.Tensor:
-        hidden = self(target.embed(block), features, ctx_lens, cache).to(block.device)
-        return torch.argmax(target.draft_logits(hidden[:, 1:]).float(), dim=-1)

@@ -76,15 +76,14 @@ def test_bf16_preset_exports_a_bf16_graph_for_tensorrt(tmp_path):
     assert {o.type.tensor_type.elem_type for o in model.graph.output} == {bf16}
 
 
-def test_dflash2_and_sliding_drafters_are_refused_in_one_line():
+def test_sliding_drafters_are_refused_in_one_line():
     import pytest as _pytest
 
     from dflash_trt.errors import ConfigError
     from dflash_trt.plugin.export import export_drafter
     from dflash_trt.testing import make_tiny_drafter, tiny_target_config
 
-    for kwargs, words in (({"family": "dflash2"}, "DFlash2DraftModel"), ({"sliding_window": 6}, "sliding-window")):
-        drafter = make_tiny_drafter(tiny_target_config("llama"), **kwargs)
-        with _pytest.raises(ConfigError, match=words) as info:
-            export_drafter(drafter, "unused.onnx")
-        assert "--runtime torch" in str(info.value)
+    drafter = make_tiny_drafter(tiny_target_config("llama"), sliding_window=6)
+    with _pytest.raises(ConfigError, match="sliding-window") as info:
+        export_drafter(drafter, "unused.onnx")
+    assert "--runtime torch" in str(info.value)

@@ -1,9 +1,11 @@
 """The `onnx` runtime (exported drafter + onnxruntime + the plugin custom op) drafts like the torch drafter.
 
-Both custom-op providers are checked: the C++ library (where onnxruntime's C header was found) and the
+Both families: DFlash, and DFlash2 (convolutions in the graph, the candidate selector on the host, whose
+candidates and q must match too). Both custom-op providers are checked: the C++ library (where onnxruntime's C header was found) and the
 onnxruntime-extensions Python op running the same CPU twin (everywhere else).
-Stated tolerance: final hidden states within 1e-5 and logits within 1e-4 (max abs, fp32) of the PyTorch
-drafter; draft tokens and generated tokens identical.
+Stated tolerance: final hidden states within 1e-5 (DFlash) or 3e-5 (DFlash2: four more random convolutions
+per layer around the same sums) and logits within 1e-4 (max abs, fp32) of the PyTorch drafter; draft tokens,
+candidates and generated tokens identical.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from dflash_trt.decoding import generate
+from dflash_trt.drafters import Proposal
 from dflash_trt.plugin.onnx_node import ort_library
 from dflash_trt.sampling import SamplingParams
 from dflash_trt.target import load_target
@@ -23,14 +26,20 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+# DFlash2 with a kernel longer than the shortest block (2 slots), so the padded convolution is exercised.
+FAMILIES = {"dflash": {}, "dflash2": {"family": "dflash2", "conv_kernel_size": 3}}
+HIDDEN_TOLERANCE = {"dflash": 1e-5, "dflash2": 3e-5}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request, tmp_path_factory):
     from dflash_trt.plugin.export import export_drafter
 
     torch.set_num_threads(1)
     target_dir, drafter_dir = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("drafter")
     target_model = make_tiny_target("qwen3", target_dir, hidden_size=256)  # head_dim 64
-    drafter = make_tiny_drafter(target_model.config, drafter_dir, block_size=6, num_layers=2)
+    drafter = make_tiny_drafter(target_model.config, drafter_dir, block_size=6, num_layers=2,
+                                **FAMILIES[request.param])
     onnx_path = export_drafter(drafter, tmp_path_factory.mktemp("onnx") / "drafter.onnx")
     return target_dir, drafter_dir, load_target(target_dir), drafter, onnx_path
 
@@ -39,13 +48,29 @@ def pair(tmp_path_factory):
 def onnx_drafter(request, pair):
     """The exported drafter in onnxruntime, with the C++ custom-op library or the Python-op fallback."""
     from dflash_trt.plugin import ort_python_op
+    from dflash_trt.plugin.draft_head import load_draft_head
     from dflash_trt.plugin.onnx_runtime import OnnxDrafter
 
     if request.param == "library" and ort_library() is None:
         pytest.skip("C++ custom-op library not built (onnxruntime_c_api.h not found; set ONNXRUNTIME_ROOT)")
     if request.param == "python" and not ort_python_op.available():
         pytest.skip("onnxruntime-extensions is not installed")
-    return OnnxDrafter(pair[4], pair[3].config, provider=request.param)
+    return OnnxDrafter(pair[4], load_draft_head(pair[1]), provider=request.param)
+
+
+def as_proposal(result) -> Proposal:
+    return result if isinstance(result, Proposal) else Proposal(result)
+
+
+def assert_same_drafts(expected, got, slots=None):
+    """Drafts equal; for a selector's proposal, candidates equal and q within 1e-5 (over the first `slots`)."""
+    expected, got = as_proposal(expected), as_proposal(got)
+    cut = slice(None, slots)
+    assert torch.equal(expected.drafts[..., cut], got.drafts[..., cut])
+    assert (expected.q is None) == (got.q is None)
+    if expected.q is not None:
+        assert torch.equal(expected.candidates[..., cut, :], got.candidates[..., cut, :])
+        torch.testing.assert_close(expected.q[..., cut, :], got.q[..., cut, :], rtol=0, atol=1e-5)
 
 
 def test_hidden_states_and_logits_match_torch_drafter(pair, onnx_drafter):
@@ -61,7 +86,8 @@ def test_hidden_states_and_logits_match_torch_drafter(pair, onnx_drafter):
             expected = drafter(target.embed(block), features, lens, torch_cache)
             got = onnx_drafter(target.embed(block), features, lens, onnx_cache)
             logit_err = (target.lm_head(expected) - target.lm_head(got)).abs().max().item()
-        assert (expected - got).abs().max().item() <= 1e-5, f"step {step}"
+        tolerance = HIDDEN_TOLERANCE[drafter.config.family]
+        assert (expected - got).abs().max().item() <= tolerance, f"step {step}"
         assert logit_err <= 1e-4, f"step {step}: logits differ by {logit_err:.3g}"
         assert torch.equal(onnx_cache.lens, torch_cache.lens)
 
@@ -74,7 +100,7 @@ def test_proposes_the_same_draft_tokens_as_torch(pair, onnx_drafter):
         block = torch.randint(0, 255, (3, 6))
         features = torch.randn(3, 4, drafter.config.num_target_features * 256)
         lens = torch.tensor([4, 2, 3])
-        assert torch.equal(drafter.propose(target, block, features, lens, torch_cache),
+        assert_same_drafts(drafter.propose(target, block, features, lens, torch_cache),
                            onnx_drafter.propose(target, block, features, lens, onnx_cache))
 
 
@@ -89,8 +115,12 @@ def test_shortened_blocks_of_a_ragged_batch_draft_as_torch(pair, onnx_drafter):
         lens, block_lens = torch.tensor([4, 2, 3]), torch.tensor(block_lens)
         expected = drafter.propose(target, block, features, lens, torch_cache, block_lens=block_lens)
         got = onnx_drafter.propose(target, block, features, lens, onnx_cache, block_lens=block_lens)
+        expected, got = as_proposal(expected), as_proposal(got)
         for row, length in enumerate(block_lens.tolist()):
-            assert torch.equal(expected[row, :length - 1], got[row, :length - 1]), f"row {row}, {length} slots"
+            assert_same_drafts(expected.drafts[row], got.drafts[row], length - 1)
+            if expected.q is not None:
+                assert_same_drafts(Proposal(expected.drafts[row], expected.candidates[row], expected.q[row]),
+                                   Proposal(got.drafts[row], got.candidates[row], got.q[row]), length - 1)
         assert torch.equal(onnx_cache.lens, torch_cache.lens)
 
 
@@ -98,6 +128,18 @@ def test_generate_with_onnx_runtime_is_token_identical_to_torch(pair, onnx_draft
     _, _, target, drafter, _ = pair
     prompts = [[5, 17, 33, 2, 90], [7, 8]]
     params = [SamplingParams(max_new_tokens=24), SamplingParams(max_new_tokens=21)]  # ragged last blocks
+    expected = generate(target, drafter, prompts, params)
+    got = generate(target, onnx_drafter, prompts, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in expected]
+
+
+def test_sampled_generate_with_onnx_runtime_is_token_identical_to_torch(pair, onnx_drafter):
+    """At T > 0 a DFlash2 draft is drawn from the selector on the host: same generator, same draws."""
+    _, _, target, drafter, _ = pair
+    prompts = [[5, 17, 33, 2, 90], [7, 8]]
+    params = [SamplingParams(max_new_tokens=22, temperature=0.9, seed=3),
+              SamplingParams(max_new_tokens=19, temperature=0.7, seed=4)]
     expected = generate(target, drafter, prompts, params)
     got = generate(target, onnx_drafter, prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]

@@ -9,6 +9,7 @@ drafter's.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import sys
 import types
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.plugin.draft_head import draft_head
 from dflash_trt.plugin.export import ExportGraph, cache_names
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
@@ -105,10 +107,10 @@ def fake_trt(monkeypatch):
     return fake
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def pair(request):
     target = make_tiny_target("qwen3", hidden_size=256)  # head_dim 64, a size the plugin supports
-    return target, make_tiny_drafter(target.config, num_layers=2)
+    return target, make_tiny_drafter(target.config, num_layers=2, family=request.param)
 
 
 def open_drafter(fake, pair, tmp_path):
@@ -119,7 +121,8 @@ def open_drafter(fake, pair, tmp_path):
     plan.write_bytes(b"engine-1")
     library.write_bytes(b"")
     fake.graphs[b"engine-1"] = ExportGraph(drafter).eval()
-    return TensorRTDrafter(plan, drafter.config, plugin_library=library, device="cpu"), library
+    head = draft_head(copy.deepcopy(drafter))  # the host part: embeddings in, draft choice out
+    return TensorRTDrafter(plan, head, plugin_library=library, device="cpu"), library
 
 
 def test_drafts_like_the_pytorch_drafter_and_updates_caches_in_place(fake_trt, pair, tmp_path, cpu_library):
@@ -157,6 +160,10 @@ def test_propose_returns_draft_tokens_through_the_target_head(fake_trt, pair, tm
     ctx_lens = torch.tensor([4])
     drafts = trt_drafter.propose(target, block, features, ctx_lens, trt_drafter.new_cache(1, 16))
     expected = drafter.propose(target, block, features, ctx_lens, drafter.new_cache(1, 16))
+    if drafter.config.family == "dflash2":  # the selector's proposal: drafts, candidates and their q
+        assert torch.equal(drafts.candidates, expected.candidates)
+        torch.testing.assert_close(drafts.q, expected.q, rtol=0, atol=1e-5)
+        drafts, expected = drafts.drafts, expected.drafts
     assert drafts.shape == (1, drafter.config.block_size - 1) and torch.equal(drafts, expected)
 
 
@@ -166,10 +173,10 @@ def test_missing_plugin_library_or_engine_is_one_clear_error(fake_trt, pair, tmp
     _, drafter = pair
     (tmp_path / "drafter.plan").write_bytes(b"unknown")
     with pytest.raises(DFlashError, match="plugin library"):
-        TensorRTDrafter(tmp_path / "drafter.plan", drafter.config, plugin_library=tmp_path / "none.so", device="cpu")
+        TensorRTDrafter(tmp_path / "drafter.plan", drafter, plugin_library=tmp_path / "none.so", device="cpu")
     (tmp_path / "lib.so").write_bytes(b"")
     with pytest.raises(DFlashError, match="could not deserialize"):
-        TensorRTDrafter(tmp_path / "drafter.plan", drafter.config, plugin_library=tmp_path / "lib.so", device="cpu")
+        TensorRTDrafter(tmp_path / "drafter.plan", drafter, plugin_library=tmp_path / "lib.so", device="cpu")
 
 
 def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake_trt, pair, tmp_path, cpu_library):
@@ -184,6 +191,8 @@ def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake
     trt_drafter, _ = open_drafter(fake_trt, pair, tmp_path)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     params = [SamplingParams(max_new_tokens=n, stop_token_ids=()) for n in (7, 12)]
+    params += [SamplingParams(max_new_tokens=9, stop_token_ids=(), temperature=0.8, seed=5)]  # a sampled row
+    prompts.append([12, 13])
     ours = generate(target, trt_drafter, prompts, params)
     reference = generate(target, drafter, prompts, params)
     assert [r.token_ids for r in ours] == [r.token_ids for r in reference]
