@@ -197,3 +197,35 @@ def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake
     reference = generate(target, drafter, prompts, params)
     assert [r.token_ids for r in ours] == [r.token_ids for r in reference]
     assert [r.acceptance_lengths for r in ours] == [r.acceptance_lengths for r in reference]
+
+
+@pytest.fixture(scope="module")
+def qwen3_target():
+    # Built before the TensorRT stand-in is installed (transformers' lazy imports probe for `tensorrt`).
+    return make_tiny_target("qwen3", hidden_size=256)
+
+
+@pytest.mark.parametrize("family, settings", [
+    ("dflash", {"input_embedding_scale": 1.7}),  # the block embeddings going into the graph are scaled
+    ("dflash2", {"input_embedding_scale": 1.7, "output_multiplier": 0.5, "final_logit_softcapping": 3.0}),
+])
+def test_exported_drafters_keep_the_checkpoints_embedding_scale_and_logit_transforms(qwen3_target, fake_trt, tmp_path,
+                                                                                   cpu_library, family, settings):
+    # A DFlash2 selector scores candidates by their logit values, so the multiplier and softcapping move its drafts.
+    from dflash_trt.target import TargetModel
+
+    target_model = qwen3_target
+    drafter = make_tiny_drafter(target_model.config, num_layers=2, family=family, **settings)
+    trt_drafter, _ = open_drafter(fake_trt, (target_model, drafter), tmp_path)
+    target = TargetModel(target_model)
+    g = torch.Generator().manual_seed(3)
+    block = torch.randint(0, 200, (2, drafter.config.block_size), generator=g)
+    features = torch.randn(2, 4, drafter.config.num_target_features * drafter.config.hidden_size, generator=g)
+    ctx_lens = torch.tensor([4, 3])
+    got = trt_drafter.propose(target, block, features, ctx_lens, trt_drafter.new_cache(2, 16))
+    expected = drafter.propose(target, block, features, ctx_lens, drafter.new_cache(2, 16))
+    if family == "dflash2":
+        assert torch.equal(got.candidates, expected.candidates)
+        torch.testing.assert_close(got.q, expected.q, rtol=0, atol=1e-5)
+        got, expected = got.drafts, expected.drafts
+    assert torch.equal(got, expected)
