@@ -48,7 +48,22 @@ def done_indices(feature_dir: Path) -> set[int]:
     return done
 
 
-def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], chunk: int = 16,
+def length_batches(recs: list[dict], max_tokens: int = 8192, max_batch: int = 32) -> list[list[dict]]:
+    """Group records of similar length: each batch is padded to its longest sequence, so batching
+    records in prompt order would compute about twice the tokens needed on the source answers (their
+    lengths run from tens to over a thousand tokens). A batch holds at most `max_tokens` padded tokens
+    (which bounds the memory of the hidden states the forward keeps) and `max_batch` records."""
+    batches: list[list[dict]] = []
+    for rec in sorted(recs, key=lambda r: (len(r["ids"]), r["idx"])):
+        # Sorted ascending, so the record joining a batch is its longest: padded size = count * its length.
+        if batches and len(batches[-1]) < max_batch and (len(batches[-1]) + 1) * len(rec["ids"]) <= max_tokens:
+            batches[-1].append(rec)
+        else:
+            batches.append([rec])
+    return batches
+
+
+def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], max_tokens: int = 8192,
                    max_records: int | None = None) -> int:
     """Compute features for every answer record not cached yet; returns the number added."""
     from tqdm import tqdm
@@ -57,9 +72,11 @@ def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], chunk: int 
     fdir.mkdir(parents=True, exist_ok=True)
     done = done_indices(fdir)
     todo = [r for r in read_answers(data_dir) if r["idx"] not in done][:max_records]
-    for b in tqdm(range(0, len(todo), chunk), desc="target features"):
-        recs = sorted(todo[b:b + chunk], key=lambda r: len(r["ids"]))
-        write_feature_chunk(fdir, recs, target_features(model, [r["ids"] for r in recs], layer_ids))
+    batches = length_batches(todo, max_tokens)
+    with tqdm(total=len(todo), desc="target features", unit="answer") as bar:
+        for recs in batches:
+            write_feature_chunk(fdir, recs, target_features(model, [r["ids"] for r in recs], layer_ids))
+            bar.update(len(recs))
     return len(todo)
 
 
