@@ -19,7 +19,8 @@ values, which the masks then exclude exactly.
 The object speaks the part of Hugging Face's Cache protocol that decoder layers use (`update`,
 `get_seq_length`). Forwards over it run sdpa targets through `grouped_sdpa` (the GROUPED_SDPA attention
 implementation): Hugging Face's sdpa repeats every key/value head for grouped-query attention whenever a
-mask is given (a copy of the whole cache per layer and step), torch's SDPA takes the groups itself.
+mask is given (a copy of the whole cache per layer and step); grouped_sdpa folds the query heads of each
+key/value head into rows of one attention instead, which reads the cache in place.
 """
 
 from __future__ import annotations
@@ -40,10 +41,18 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
     """torch SDPA over query heads [B, Hq, T, D] and key/value heads [B, Hkv, W, D] (Hq a multiple of Hkv),
     with the explicit mask of BatchKVCache.prepare: the same attention as Hugging Face's sdpa, without
     materializing repeated key/value heads."""
-    groups = query.shape[1] // key.shape[1]
-    if query.shape[2] == 1 and groups > 1:  # torch's single-query GQA path is slow on strided views
-        key, value = key.contiguous(), value.contiguous()
-    causal = attention_mask is None and query.shape[2] > 1 and is_causal is not False
+    batch, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    if attention_mask is not None and groups > 1 and attention_mask.shape[1] == 1:
+        # The query heads of one key/value head become rows of one attention (head j*groups + g is row
+        # g*T + t): plain SDPA over the cache views as they are. torch's GQA path copies strided keys and
+        # values on CPU, which cost as much as the attention itself in batched decoding.
+        rows = query.reshape(batch, key.shape[1], groups * length, dim)
+        mask = attention_mask.unsqueeze(2).expand(-1, -1, groups, -1, -1).reshape(batch, 1, groups * length, -1)
+        out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, dropout_p=dropout,
+                                                               scale=scaling)
+        return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+    causal = attention_mask is None and length > 1 and is_causal is not False
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, is_causal=causal,
                                                            enable_gqa=groups > 1)
