@@ -21,9 +21,13 @@ def register(subparsers) -> None:
     parser.add_argument("--prompts", default="data/prompts", help="prompt sets root (<family>/{train,heldout}.jsonl)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--max-prompts", type=int, help="training prompts to answer (default: the preset's)")
-    parser.add_argument("--answers-from", metavar="DIR[,DIR...]",
-                        help="import the target's answers from these directories before generating the rest "
-                             "(default: the preset's committed answers, unless --target is given; '' for none)")
+    parser.add_argument("--answers-from", metavar="SOURCE[,SOURCE...]",
+                        help="import the target's answers from these directories (or glob patterns of answer "
+                             "files) before generating the rest (default: the preset's committed answers, unless "
+                             "--target is given; '' for none)")
+    parser.add_argument("--import-per-family", metavar="FAMILY=N[,FAMILY=N...]", default="",
+                        help="import at most N answers of these families (the first N prompts of each, a random "
+                             "sample): a replay of old answers beside new ones, at a fraction of their feature pass")
     parser.add_argument("--import-only", action="store_true",
                         help="the answers stage imports answers and generates none: train on what exists")
     parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default: the preset's)")
@@ -48,13 +52,13 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_family_repeats(text: str) -> dict[str, int]:
+def parse_family_repeats(text: str, option: str = "--family-repeats") -> dict[str, int]:
     """'sharegpt-chat=4,champ-math=2' -> {'sharegpt-chat': 4, 'champ-math': 2}."""
     repeats = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         family, _, count = item.partition("=")
         if not family or not count.isdigit() or int(count) < 1:
-            raise DFlashError(f"--family-repeats: expected FAMILY=N with N >= 1, got {item!r}")
+            raise DFlashError(f"{option}: expected FAMILY=N with N >= 1, got {item!r}")
         repeats[family.strip()] = int(count)
     return repeats
 
@@ -80,6 +84,7 @@ def run(args) -> int:
         answers_from = preset.get("answers")
     cfg = PipelineConfig(train=train, out=args.out or preset["out"], stages=stages, answers_from=answers_from or None,
                          generate_answers=not args.import_only,
+                         import_per_family=parse_family_repeats(args.import_per_family, "--import-per-family"),
                          max_prompts=args.max_prompts or preset["max_prompts"],
                          max_new_tokens=args.max_new_tokens or preset["max_new_tokens"])
     summary = run_pipeline(cfg)

@@ -9,6 +9,7 @@ answers file of the directory holds it, whichever shard or import (``import_answ
 
 from __future__ import annotations
 
+import glob
 import json
 import random
 import time
@@ -63,16 +64,45 @@ def answered_indices(out: str | Path) -> set[int]:
     return {r["idx"] for r in read_answers(out)}
 
 
-def import_answers(source: str | Path, out: str | Path, prompts: str, max_prompts: int, seed: int = 0) -> int:
-    """Copy answers from a directory of answer files (e.g. the committed ones) into a data directory.
+def answer_files(source: str | Path) -> list[Path]:
+    """The answer files a source names: every `answers.*.jsonl` of a directory, or the files a glob
+    pattern matches (e.g. `dir/answers.?-of-2.*.jsonl`, the chunks a later run added)."""
+    from dflash_trt.errors import DFlashError
+
+    if Path(source).is_dir():
+        return sorted(Path(source).glob("answers.*.jsonl"))
+    files = sorted(Path(p) for p in glob.glob(str(source)))
+    if not files:
+        raise DFlashError(f"{source}: neither a directory nor a pattern matching answer files")
+    return files
+
+
+def import_answers(source: str | Path, out: str | Path, prompts: str, max_prompts: int, seed: int = 0,
+                   per_family: dict[str, int] | None = None) -> int:
+    """Copy answers from a directory or a glob pattern of answer files into a data directory.
 
     A record is taken only when its index is among the first `max_prompts` training prompts and its
     prompt text is the one at that index here, so answers to another prompt set or order never leak
-    in; indices the data directory already holds are skipped. Returns the number of records copied.
+    in; indices the data directory already holds are skipped. `per_family` caps how many answers of
+    a family the data directory may hold (the lowest prompt indices, a random sample since the
+    prompts are shuffled): a replay of the template answers while training on new ones costs a
+    fraction of their feature pass. Returns the number of records copied.
     """
     expected = {i: p for i, (_, p) in enumerate(ordered_prompts(prompts, max_prompts, seed))}
-    have = answered_indices(out)
-    new = [r for r in read_answers(source) if expected.get(r["idx"]) == r["prompt"] and r["idx"] not in have]
+    held = read_answers(out)
+    have = {r["idx"] for r in held}
+    room = dict(per_family or {})
+    for rec in held:
+        if rec["family"] in room:
+            room[rec["family"]] -= 1
+    new = []
+    for rec in sorted((r for f in answer_files(source) for r in read_answer_file(f)), key=lambda r: r["idx"]):
+        if expected.get(rec["idx"]) != rec["prompt"] or rec["idx"] in have or room.get(rec["family"], 1) <= 0:
+            continue
+        if rec["family"] in room:
+            room[rec["family"]] -= 1
+        have.add(rec["idx"])
+        new.append(rec)
     if new:
         Path(out).mkdir(parents=True, exist_ok=True)
         with open(Path(out) / "answers.imported.jsonl", "a", encoding="utf-8") as f:
@@ -159,10 +189,12 @@ def answers_file(out: Path, cfg: AnswerConfig, single: Path) -> Path:
 
 def read_answers(out: str) -> list[dict]:
     """All answer records of a data directory, sorted by prompt index."""
-    recs = []
-    for p in sorted(Path(out).glob("answers.*.jsonl")):
-        recs += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    recs = [r for p in sorted(Path(out).glob("answers.*.jsonl")) for r in read_answer_file(p)]
     return sorted(recs, key=lambda r: r["idx"])
+
+
+def read_answer_file(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 if __name__ == "__main__":

@@ -35,9 +35,11 @@ class PipelineConfig:
     max_new_tokens: int = 384
     answer_batch_size: int = 32
     eval_prompts_per_family: int = 8
-    # Directories of answer files (comma-separated) imported before generating (records must match
-    # the prompt order); with generate_answers False the answers stage only imports.
+    # Directories or glob patterns of answer files (comma-separated) imported before generating
+    # (records must match the prompt order); with generate_answers False the answers stage only imports.
     answers_from: str | None = None
+    # At most this many imported answers of these families in the data directory.
+    import_per_family: dict[str, int] = field(default_factory=dict)
     generate_answers: bool = True
     stages: tuple[str, ...] = ("prompts", "answers", "features", "train", "export")
 
@@ -67,7 +69,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         t0 = time.time()
         for source in (cfg.answers_from or "").split(","):
             if source.strip():
-                copied = import_answers(source.strip(), tc.data, tc.prompts, cfg.max_prompts)
+                copied = import_answers(source.strip(), tc.data, tc.prompts, cfg.max_prompts,
+                                        per_family=cfg.import_per_family)
                 print(f"answers: imported {copied} answers from {source.strip()}")
         if cfg.generate_answers:
             generate_answers(AnswerConfig(prompts=tc.prompts, out=tc.data, target=tc.target,

@@ -45,6 +45,34 @@ def test_import_takes_only_answers_to_the_same_prompt_at_the_same_index(tmp_path
     assert answered_indices(data) == {0, 2, 7}
 
 
+def test_import_from_a_pattern_of_chunk_files_and_a_per_family_cap(tmp_path):
+    """A later round imports only the chunks written after the last one (a glob pattern) and a capped
+    replay of a family: the first N of its prompts, and a second import stays within the cap."""
+    import pytest
+
+    from dflash_trt.errors import DFlashError
+
+    prompts = _prompt_sets(tmp_path / "prompts")
+    order = [p for _, p in ordered_prompts(prompts, 8, 0)]
+    source = tmp_path / "committed"
+    _answer_file(source / "answers.0-of-1.0000.jsonl", [_record(i, order[i]) for i in range(0, 4)])
+    _answer_file(source / "answers.0-of-1.0001.jsonl", [_record(i, order[i]) for i in range(4, 8)])
+    data = tmp_path / "data"
+    assert import_answers(source / "answers.0-of-1.0001.jsonl", data, prompts, max_prompts=8) == 4
+    assert answered_indices(data) == set(range(4, 8))
+    family = order[0].split()[0]
+    family_of = [order[i].split()[0] for i in range(8)]
+    cap = family_of[4:].count(family) + 1  # room for one more answer of it
+    copied = import_answers(str(source / "answers.*.jsonl"), data, prompts, max_prompts=8, per_family={family: cap})
+    assert copied == 1 + sum(f != family for f in family_of[:4])  # every other family's answer, one of `family`
+    held = read_answers(data)
+    assert sum(r["family"] == family for r in held) == cap
+    assert 0 in {r["idx"] for r in held}  # the lowest index of the family is the one taken
+    assert import_answers(source, data, prompts, max_prompts=8, per_family={family: cap}) == 0
+    with pytest.raises(DFlashError, match="neither a directory nor a pattern"):
+        import_answers(str(source / "answers.9-*.jsonl"), data, prompts, max_prompts=8)
+
+
 def test_a_fully_answered_directory_needs_no_target(tmp_path):
     """Answers written by two shards (or imported) count for a single-shard run: nothing is regenerated."""
     prompts = _prompt_sets(tmp_path / "prompts")
@@ -71,6 +99,8 @@ def test_train_drafter_imports_the_presets_committed_answers_unless_told_otherwi
     main(["train-drafter", "--stages", "answers", "--target", "my-model", "--answers-from", "mine"])
     committed = pipeline.PRESETS["smollm2-135m"]["answers"]
     assert [c.answers_from for c in seen] == [committed, None, None, "mine"]
+    main(["train-drafter", "--stages", "answers", "--import-per-family", "math=250, chat=250"])
+    assert seen[-1].import_per_family == {"math": 250, "chat": 250} and seen[0].import_per_family == {}
     # Every training prompt is in the preset's prompt count, and the template prompts are all answered.
     assert seen[0].max_prompts == len(ordered_prompts(str(REPO / "data" / "prompts"), 10**6, 0))
     templates = read_answers(REPO / committed.split(",")[0])
