@@ -17,7 +17,7 @@ PRESETS = {
     # The embedded demo pair: SmolLM2-135M-Instruct (30 layers, hidden 576) and a 2-layer drafter.
     # "answers": directories of committed greedy answers of the target, imported by the answers stage
     # instead of regenerated: the 5,804 template prompts (128-token cap, about 4 hours of a 2-core CPU)
-    # and the source prompts (data/prompts/sharegpt-*, champ-math; 384-token cap, answered in chunks).
+    # and the 4,700 source prompts (data/prompts/sharegpt-*, champ-math; 384-token cap, in chunk files).
     # 10,504 = all training prompts (5,804 template + 4,700 source ones).
     "smollm2-135m": {"target": "smollm2", "max_prompts": 10504, "max_new_tokens": 384,
                      "out": "models/smollm2-135m-dflash",
