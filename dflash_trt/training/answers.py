@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,16 +93,15 @@ def import_answers(source: str | Path, out: str | Path, prompts: str, max_prompt
     expected = {i: p for i, (_, p) in enumerate(ordered_prompts(prompts, max_prompts, seed))}
     held = read_answers(out)
     have = {r["idx"] for r in held}
-    room = dict(per_family or {})
-    for rec in held:
-        if rec["family"] in room:
-            room[rec["family"]] -= 1
+    per_family_held = Counter(r["family"] for r in held)
+    caps = per_family or {}
     new = []
     for rec in sorted((r for f in answer_files(source) for r in read_answer_file(f)), key=lambda r: r["idx"]):
-        if expected.get(rec["idx"]) != rec["prompt"] or rec["idx"] in have or room.get(rec["family"], 1) <= 0:
+        if expected.get(rec["idx"]) != rec["prompt"] or rec["idx"] in have:
             continue
-        if rec["family"] in room:
-            room[rec["family"]] -= 1
+        if per_family_held[rec["family"]] >= caps.get(rec["family"], math.inf):
+            continue
+        per_family_held[rec["family"]] += 1
         have.add(rec["idx"])
         new.append(rec)
     if new:
@@ -189,7 +190,7 @@ def answers_file(out: Path, cfg: AnswerConfig, single: Path) -> Path:
 
 def read_answers(out: str) -> list[dict]:
     """All answer records of a data directory, sorted by prompt index."""
-    recs = [r for p in sorted(Path(out).glob("answers.*.jsonl")) for r in read_answer_file(p)]
+    recs = [r for p in (answer_files(out) if Path(out).is_dir() else []) for r in read_answer_file(p)]
     return sorted(recs, key=lambda r: r["idx"])
 
 

@@ -4,8 +4,10 @@ whatever shard wrote them."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.training.answers import (AnswerConfig, answered_indices, chat_ids, generate_answers, import_answers,
                                          ordered_prompts, read_answers)
 
@@ -48,10 +50,6 @@ def test_import_takes_only_answers_to_the_same_prompt_at_the_same_index(tmp_path
 def test_import_from_a_pattern_of_chunk_files_and_a_per_family_cap(tmp_path):
     """A later round imports only the chunks written after the last one (a glob pattern) and a capped
     replay of a family: the first N of its prompts, and a second import stays within the cap."""
-    import pytest
-
-    from dflash_trt.errors import DFlashError
-
     prompts = _prompt_sets(tmp_path / "prompts")
     order = [p for _, p in ordered_prompts(prompts, 8, 0)]
     source = tmp_path / "committed"
