@@ -39,7 +39,9 @@ def register(subparsers) -> None:
                         help="drafter family: dflash, or dflash2 (grouped convolutions + candidate selector, "
                              "starting from DFlash behaviour)")
     parser.add_argument("--init-from", metavar="DIR",
-                        help="warm start from this published drafter (fresh optimiser and schedule)")
+                        help="warm start from this published drafter (fresh optimiser and schedule); with "
+                             "--num-layers above its depth, its layers are expanded by copies whose output "
+                             "projections start at zero, so the run starts exactly where the drafter is")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is usually shared)")
     parser.add_argument("--precision", default="auto", choices=PRECISIONS,

@@ -16,12 +16,16 @@ import torch
 from dflash_trt.training.answers import read_answers
 
 
-def target_features(model, ids: list[list[int]], layer_ids: tuple[int, ...]) -> list[torch.Tensor]:
-    """Features [T_i, K*D] of each sequence (right padding: causal attention keeps rows exact)."""
+def target_features(model, ids: list[list[int]], layer_ids: tuple[int, ...], bf16: bool = False) -> list[torch.Tensor]:
+    """Features [T_i, K*D] of each sequence (right padding: causal attention keeps rows exact).
+
+    bf16: run the target under bf16 autocast (1.6x faster on a CPU with AMX; features differ from the
+    fp32 forward by ~0.4% in norm, against ~0.16% for the bf16 storage of the cache itself; they are
+    training inputs only, the served target stays fp32)."""
     width = max(map(len, ids))
     input_ids = torch.tensor([x + [0] * (width - len(x)) for x in ids])
     attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = model.model(input_ids=input_ids, attention_mask=attn, output_hidden_states=True)
     feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
     return [feats[b, :len(x)] for b, x in enumerate(ids)]
@@ -64,7 +68,7 @@ def length_batches(recs: list[dict], max_tokens: int = 8192, max_batch: int = 32
 
 
 def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], max_tokens: int = 8192,
-                   max_records: int | None = None) -> int:
+                   max_records: int | None = None, bf16: bool = False) -> int:
     """Compute features for every answer record not cached yet; returns the number added."""
     from tqdm import tqdm
 
@@ -75,7 +79,7 @@ def cache_features(data_dir: str, model, layer_ids: tuple[int, ...], max_tokens:
     batches = length_batches(todo, max_tokens)
     with tqdm(total=len(todo), desc="target features", unit="answer") as bar:
         for recs in batches:
-            write_feature_chunk(fdir, recs, target_features(model, [r["ids"] for r in recs], layer_ids))
+            write_feature_chunk(fdir, recs, target_features(model, [r["ids"] for r in recs], layer_ids, bf16))
             bar.update(len(recs))
     return len(todo)
 

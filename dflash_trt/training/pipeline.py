@@ -81,7 +81,10 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         return summary
     model, tok = load_hf_target(tc.target)
     if "features" in cfg.stages:
-        cache_features(tc.data, model, tc.target_layer_ids)
+        from dflash_trt.training.trainer import use_bf16
+
+        # The same precision setting as training: bf16 where the CPU computes it natively.
+        cache_features(tc.data, model, tc.target_layer_ids, bf16=use_bf16(tc.precision))
     if "train" in cfg.stages:
         samples = load_feature_cache(tc.data, tc.target_layer_ids)
         summary.update(train_on_cache(tc, samples, model, tok))

@@ -152,6 +152,30 @@ def training_head(head: torch.Tensor, samples: list[dict], mode: str):
     return head[ids], vocab_map
 
 
+def grown_state_dict(state: dict[str, torch.Tensor], num_layers: int, new_num_layers: int) -> dict[str, torch.Tensor]:
+    """A drafter state with `new_num_layers` layers that computes exactly what `state` computes.
+
+    Block expansion (as in LLaMA Pro): layer j of the new drafter copies source layer j * L // L', so each
+    source layer is followed by its copies; in a copy the output projections of attention and MLP
+    (o_proj, down_proj) are zero, so the copy adds nothing to the residual stream until training moves
+    them. A warm start can then add layers and begin from the source drafter's figures, not from scratch.
+    """
+    if new_num_layers == num_layers:
+        return dict(state)
+    grown = {k: v for k, v in state.items() if not k.startswith("layers.")}
+    for j in range(new_num_layers):
+        source = j * num_layers // new_num_layers
+        is_copy = j > 0 and (j - 1) * num_layers // new_num_layers == source
+        prefix = f"layers.{source}."
+        for key, value in state.items():
+            if key.startswith(prefix):
+                name = key[len(prefix):]
+                zero = is_copy and name in ("self_attn.o_proj.weight", "self_attn.o_proj.bias",
+                                            "mlp.down_proj.weight")
+                grown[f"layers.{j}.{name}"] = torch.zeros_like(value) if zero else value.clone()
+    return grown
+
+
 class Trainer:
     """Owns drafter, optimiser and data order; `run` trains until max_steps or max_minutes."""
 
@@ -214,17 +238,21 @@ class Trainer:
 
         source = load_drafter(path)
         mine, theirs = self.drafter.config, source.config
-        for name in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "block_size", "target_layer_ids", "mask_token_id"):
             if getattr(mine, name) != getattr(theirs, name):
                 raise ConfigError(f"{path}: cannot warm-start from it: {name} {getattr(theirs, name)} "
                                   f"!= {getattr(mine, name)} of this run")
+        if mine.num_hidden_layers < theirs.num_hidden_layers:
+            raise ConfigError(f"{path}: cannot warm-start from it: num_hidden_layers {theirs.num_hidden_layers} "
+                              f"> {mine.num_hidden_layers} of this run (a run may add layers, not drop them)")
+        state = grown_state_dict(source.state_dict(), theirs.num_hidden_layers, mine.num_hidden_layers)
         if mine.family == theirs.family:
-            self.drafter.load_state_dict(source.state_dict())
+            self.drafter.load_state_dict(state)
         elif (mine.family, theirs.family) == ("dflash2", "dflash"):
             # DFlash2 = DFlash + convolutions + selector: those keep their DFlash-equivalent init
             # (init_as_dflash), so the run starts exactly where the v1 drafter is.
-            missing, unexpected = self.drafter.load_state_dict(source.state_dict(), strict=False)
+            missing, unexpected = self.drafter.load_state_dict(state, strict=False)
             added = [k for k in missing if not k.startswith("candidate_selector.") and "_conv." not in k]
             if unexpected or added:
                 raise ConfigError(f"{path}: cannot warm-start a dflash2 run from it: "

@@ -207,3 +207,35 @@ def test_a_dflash2_run_warm_starts_from_a_v1_drafter_exactly_where_it_is(tmp_pat
     warm.save()
     with pytest.raises(ConfigError, match="cannot warm-start a dflash run from a dflash2 drafter"):
         _trainer(tmp_path / "back", model, samples, init_from=str(v2_published))
+
+
+@pytest.mark.parametrize("arch", ["dflash", "dflash2"])
+def test_a_warm_start_may_add_layers_and_starts_exactly_where_the_source_is(tmp_path, arch):
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.training.recipe import build_batch, drafter_block_states
+
+    model = make_tiny_target("llama")
+    samples = _samples(model)
+    family = dict(arch="dflash2", conv_group_size=16, selector_rank=8, selector_top_k=4) if arch == "dflash2" else {}
+    source_run = _trainer(tmp_path / "src", model, samples, num_layers=2, max_steps=5, **family)
+    source_run.run()
+    published = tmp_path / "src" / "run" / "drafter"
+    grown = _trainer(tmp_path / "grown", model, samples, num_layers=5, init_from=str(published), **family)
+    assert len(grown.drafter.layers) == 5
+    # Layers 0, 0', 0'', 1, 1' (source layer j * 2 // 5): copies add nothing until their outputs are trained.
+    layers = grown.drafter.layers
+    torch.testing.assert_close(layers[3].self_attn.q_proj.weight, source_run.drafter.layers[1].self_attn.q_proj.weight)
+    torch.testing.assert_close(layers[4].mlp.up_proj.weight, source_run.drafter.layers[1].mlp.up_proj.weight)
+    for copy in (1, 2, 4):
+        assert layers[copy].self_attn.o_proj.weight.abs().max() == 0 and layers[copy].mlp.down_proj.weight.abs().max() == 0
+    assert layers[3].self_attn.o_proj.weight.abs().max() > 0
+    batch = build_batch(samples, [torch.tensor([6, 10])] * 3, 4, 255, gamma=4.0)
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():
+        want = drafter_block_states(load_drafter(published), embed, batch)
+        got = drafter_block_states(grown.published_drafter(), embed, batch)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    losses = [grown.train_step()["loss"] for _ in range(20)]  # and the copies learn
+    assert layers[1].self_attn.o_proj.weight.abs().max() > 0 and losses[-1] < losses[0]
+    with pytest.raises(ConfigError, match="num_hidden_layers 2 > 1 of this run"):
+        _trainer(tmp_path / "shrunk", model, samples, num_layers=1, init_from=str(published), **family)
