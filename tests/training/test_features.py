@@ -68,3 +68,15 @@ def test_cached_features_match_a_forward_of_each_answer_alone(tmp_path):
     chunks = sorted(json.loads(p.read_text()) for p in feature_dir(tmp_path, LAYER_IDS).glob("chunk_*.json"))
     assert chunks == [[0, 4, 2], [1], [3, 5]]
     assert cache_features(str(tmp_path), model, LAYER_IDS) == 0  # resumed: nothing left to do
+
+
+def test_bf16_features_stay_close_to_the_fp32_forward():
+    from dflash_trt.testing import make_tiny_target
+    from dflash_trt.training.features import target_features
+
+    model = make_tiny_target("llama")
+    ids = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 17)]
+    for fp32, bf16 in zip(target_features(model, ids, LAYER_IDS), target_features(model, ids, LAYER_IDS, bf16=True)):
+        assert bf16.shape == fp32.shape
+        error = (bf16.float() - fp32).norm(dim=-1) / fp32.norm(dim=-1)
+        assert 0 < error.max() < 0.03  # computed in bf16 (not equal), close to fp32
