@@ -50,14 +50,14 @@ def accepted_at_every_anchor(target, drafter, ids: list[int], prompt_len: int,
     """
     from dflash_trt.training.recipe import build_batch, drafter_block_states
 
+    if drafter.config.input_embedding_scale != 1.0:  # the recipe's forward embeds without it
+        raise ValueError("acceptance profiles take drafters without input_embedding_scale")
     q = drafter.config.block_size
     anchors = torch.arange(prompt_len, len(ids) - 1)
     if len(anchors) == 0:
         return []
     sample = {"ids": torch.tensor(ids), "prompt_len": prompt_len, "features": features}
     batch = build_batch([sample], [anchors], q, drafter.config.mask_token_id, gamma=1.0)
-    if drafter.config.input_embedding_scale != 1.0:  # the recipe's forward embeds without it
-        raise ValueError("acceptance profiles take drafters without input_embedding_scale")
     embed_weight = target.model.get_input_embeddings().weight
     with torch.inference_mode():
         states = drafter_block_states(drafter, embed_weight, batch).view(len(anchors), q, -1)
@@ -115,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     """Per family and drafter: the greedy loop's tau and the mean over every anchor, from one forward each."""
     import argparse
 
+    from dflash_trt.commands._options import default_stop_ids
     from dflash_trt.drafter import load_drafter
     from dflash_trt.target import load_target
     from dflash_trt.training.features import target_features
-    from dflash_trt.training.target_io import SMOLLM2_STOP_IDS, resolve_target_path
+    from dflash_trt.training.target_io import resolve_target_path
 
     parser = argparse.ArgumentParser(prog="python -m dflash_trt.training.acceptance_profile", description=main.__doc__)
     parser.add_argument("--drafter", action="append", required=True, help="drafter directory (repeatable)")
@@ -133,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     target = load_target(resolve_target_path(args.target))
-    stop_ids = SMOLLM2_STOP_IDS if args.target in ("smollm2", "smollm2-135m") else tuple(
-        [target.config.eos_token_id] if isinstance(target.config.eos_token_id, int) else target.config.eos_token_id or ())
+    stop_ids = tuple(default_stop_ids(target))  # the stop ids `dflash-trt bench` uses
     families = tuple(f for f in args.families.split(",") if f) or None
     answers = family_answers(target, args.split, args.prompts, families, args.num_prompts, args.max_new_tokens, stop_ids)
     drafters = [load_drafter(path).eval() for path in args.drafter]
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     header = "| family | " + " | ".join(f"{path}: tau / all" for path in args.drafter) + " |"
     print(header + "\n|" + "---|" * (1 + len(drafters)))
     rows: dict[str, list[list[AcceptanceProfile]]] = {}
-    for (family, ids, prompt_len), i in zip(answers, range(len(answers))):
+    for i, (family, ids, prompt_len) in enumerate(answers):
         rows.setdefault(family, [[] for _ in drafters])
         for j, drafter in enumerate(drafters):
             feats = features[tuple(drafter.config.target_layer_ids)][i]
