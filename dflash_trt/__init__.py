@@ -1,6 +1,7 @@
 """dflash-trt: build, serve and deploy DFlash speculative decoding.
 
-The public surface is small and imported lazily, so `import dflash_trt` stays cheap.
+The public surface is small and imported lazily, so `import dflash_trt` stays cheap. The decoding engine
+lives in dflash_trt.decoding (its layers: api > scheduler > step > model > kernels).
 """
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DFlashDrafter": "dflash_trt.drafter",
-    "DFlash2Drafter": "dflash_trt.drafter",
-    "load_drafter": "dflash_trt.drafter",
-    "save_drafter": "dflash_trt.drafter",
-    "DrafterConfig": "dflash_trt.config",
-    "TargetModel": "dflash_trt.target",
-    "load_target": "dflash_trt.target",
-    "SamplingParams": "dflash_trt.sampling",
-    "generate": "dflash_trt.decoding",
-    "stream_generate": "dflash_trt.decoding",
-    "GenerationResult": "dflash_trt.results",
+    "DFlashDrafter": "dflash_trt.decoding.reference",
+    "DFlash2Drafter": "dflash_trt.decoding.reference",
+    "load_drafter": "dflash_trt.decoding.model.drafters",
+    "save_drafter": "dflash_trt.decoding.model.drafters",
+    "DrafterConfig": "dflash_trt.decoding.model.config",
+    "TargetModel": "dflash_trt.decoding.model.target",
+    "load_target": "dflash_trt.decoding.model.target",
+    "SamplingParams": "dflash_trt.decoding.step.sampling",
+    "generate": "dflash_trt.decoding.api",
+    "stream_generate": "dflash_trt.decoding.api",
+    "Scheduler": "dflash_trt.decoding.scheduler.scheduler",
+    "SchedulerLimits": "dflash_trt.decoding.scheduler.scheduler",
+    "GenerationResult": "dflash_trt.decoding.step.results",
     "DFlashError": "dflash_trt.errors",
 }
 

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import DFlashError
+from dflash_trt.errors import DFlashError
 
 COMMANDS = ("generate", "bench", "bench_report", "check_batching", "demo", "engine", "plan", "repo", "serve", "openai",
             "train_drafter")

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .config import FAMILY_ARCHITECTURE, DrafterConfig, default_target_layer_ids
-from .drafters import DrafterBase, build_drafter, save_drafter
+from dflash_trt.decoding.model.config import FAMILY_ARCHITECTURE, DrafterConfig, default_target_layer_ids
+from dflash_trt.decoding.model.drafters import DrafterBase, build_drafter, save_drafter
 
 TARGET_ARCHS = ("llama", "qwen3", "gpt_oss")
 

@@ -32,7 +32,7 @@ def tiny_text_pair_dir(tmp_path_factory):
     """A tiny random Llama target with the real SmolLM2 tokenizer (so text prompts work) and its drafter."""
     from transformers import AutoTokenizer
 
-    from dflash_trt.commands.demo import demo_target_path
+    from dflash_trt.data.demo import demo_target_path
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
     gguf = demo_target_path()

@@ -16,11 +16,11 @@ __all__ = ["BenchConfig", "run_bench"]
 def __getattr__(name: str):
     # Lazy: importing the package must not pull in torch, tritonclient or matplotlib.
     if name == "BenchConfig":
-        from .config import BenchConfig
+        from dflash_trt.benchmarks.config import BenchConfig
 
         return BenchConfig
     if name == "run_bench":
-        from .run import run_bench
+        from dflash_trt.benchmarks.run import run_bench
 
         return run_bench
     raise AttributeError(name)

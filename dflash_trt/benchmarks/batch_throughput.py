@@ -20,9 +20,9 @@ import time
 
 
 def run_level(target, drafter, prompts, batch_size: int, block_size: int, steps: int) -> dict:
-    from dflash_trt.block_policy import FixedBlockSize
-    from dflash_trt.sampling import SamplingParams
-    from dflash_trt.scheduler import Scheduler, SchedulerLimits
+    from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 
     scheduler = Scheduler(target, drafter if block_size > 1 else None, block_size,
                           SchedulerLimits(max_batch_size=batch_size, max_kv_tokens=None, prefill_chunk_tokens=None),
@@ -55,7 +55,7 @@ def run_level(target, drafter, prompts, batch_size: int, block_size: int, steps:
 
 def long_prompts(target, texts: list[str], count: int, prompt_tokens: int) -> list[list[int]]:
     """count chat prompts of at least prompt_tokens tokens, each a different run of the questions."""
-    from dflash_trt.commands._options import encode_prompt
+    from dflash_trt.decoding.model.tokens import encode_prompt
 
     prompts = []
     for i in range(count):
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dflash_trt.bench import load_prompts
+    from dflash_trt.benchmarks.in_process import load_prompts
     from dflash_trt.engine import load_engine
 
     if args.num_threads > 0:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DFlashError
-from .config import BenchConfig, PROMPTS_DIR
+from dflash_trt.errors import DFlashError
+from dflash_trt.benchmarks.config import BenchConfig, PROMPTS_DIR
 
 REFERENCES = ("dflash", "plain")
 NO_LIMIT = 1 << 30  # the reference refuses nothing; the server applies its own limits
@@ -185,13 +185,13 @@ def _close(stream) -> None:
 def reference_outputs(engine_dir: Path, requests: list[CheckRequest], chat: bool, reference: str = "dflash",
                       progress: Callable[[int, int], None] | None = None) -> list[Expected]:
     """Each request generated alone in process, tokenized and detokenized as the served models do."""
-    from ..decoding import generate
-    from ..engine import load_engine
-    from ..sampling import SamplingParams
-    from ..serving.detokenize import decode
-    from ..serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE, Preprocessor
-    from ..serving.requests import GenerationRequest, RequestLimits
-    from ..serving.runtime import default_end_ids
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.engine import load_engine
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.serving.detokenize import decode
+    from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE, Preprocessor
+    from dflash_trt.serving.requests import GenerationRequest, RequestLimits
+    from dflash_trt.serving.runtime import default_end_ids
 
     engine = load_engine(engine_dir)
     target, tokenizer = engine.target, engine.target.tokenizer
@@ -225,7 +225,7 @@ def compare(tokenizer, requests: list[CheckRequest], served: list[Served], expec
 
 def first_difference(tokenizer, token_ids: list[int], text: str) -> int:
     """The first position whose token the text does not continue with (len(token_ids): it continues them all)."""
-    from ..serving.detokenize import decode, settled
+    from dflash_trt.serving.detokenize import decode, settled
 
     for k in range(1, len(token_ids) + 1):
         if not text.startswith(settled(decode(tokenizer, token_ids[:k]))):
@@ -235,8 +235,8 @@ def first_difference(tokenizer, token_ids: list[int], text: str) -> int:
 
 def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckReport:
     """Serve (or send to config.url), then generate alone in process, then compare."""
-    from ..serving.runtime import tokenizer_for
-    from .prompts import heldout_prompts
+    from dflash_trt.serving.runtime import tokenizer_for
+    from dflash_trt.benchmarks.prompts import heldout_prompts
 
     config.validate()
     _require_local_engine(config.engine)  # before serving: the reference runs in this process
@@ -257,8 +257,8 @@ def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckR
 
 
 def _require_local_engine(engine_dir: Path) -> None:
-    from ..engine import load_engine
-    from .run import LOCAL_RUNTIMES
+    from dflash_trt.engine import load_engine
+    from dflash_trt.benchmarks.run import LOCAL_RUNTIMES
 
     runtime = load_engine(engine_dir, verify=False, load_models=False).runtime
     if runtime not in LOCAL_RUNTIMES:
@@ -267,14 +267,14 @@ def _require_local_engine(engine_dir: Path) -> None:
 
 
 def _serve(config: CheckConfig, requests: list[CheckRequest], log) -> list[Served]:
-    from ..serving.client import GrpcStream
+    from dflash_trt.serving.client import GrpcStream
 
     progress = _progress("served", log)
     if config.url:
         return serve_requests(lambda: GrpcStream(config.url), requests, config.concurrency,
                               config.request_timeout_s, progress)
-    from ..serving.repo import RepoConfig, render_repository
-    from ..serving.server import serve_on_free_ports
+    from dflash_trt.serving.repo import RepoConfig, render_repository
+    from dflash_trt.serving.server import serve_on_free_ports
 
     log_path = Path(config.out) / "triton.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench import PromptRecord, load_prompts
-from ..errors import DFlashError
+from dflash_trt.benchmarks.in_process import PromptRecord, load_prompts
+from dflash_trt.errors import DFlashError
 
 HELDOUT = "heldout.jsonl"
 

@@ -16,7 +16,7 @@ import os
 import platform
 from pathlib import Path
 
-from .sweep import SweepResult
+from dflash_trt.benchmarks.sweep import SweepResult
 
 SUMMARY_NAME = "summary.json"
 

@@ -9,17 +9,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DFlashError
-from .config import BenchConfig, resolve_block_sizes
+from dflash_trt.errors import DFlashError
+from dflash_trt.benchmarks.config import BenchConfig, resolve_block_sizes
 
 LOCAL_RUNTIMES = ("torch", "onnx")
 
 
 def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
     """Measure the engine as configured; writes config.out/summary.json and PNG plots, returns the summary."""
-    from .plots import write_plots
-    from .prompts import heldout_prompts
-    from .report import build_summary, machine_info, write_summary
+    from dflash_trt.benchmarks.plots import write_plots
+    from dflash_trt.benchmarks.prompts import heldout_prompts
+    from dflash_trt.benchmarks.report import build_summary, machine_info, write_summary
 
     config.validate()
     records = heldout_prompts(config.prompts_dir, config.families, config.num_prompts)
@@ -38,7 +38,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
     if config.serving and not texts:
         log("serving: skipped (every selected prompt is multi-turn)")
     elif config.serving:
-        from .serving import run_serving
+        from dflash_trt.benchmarks.serving import run_serving
 
         serving = run_serving(config, texts, log)
     machine["load_average_end"] = list(os.getloadavg())
@@ -50,10 +50,10 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
 
 
 def _in_process(config: BenchConfig, records, log):
-    from ..commands._options import default_stop_ids, encode_prompt
-    from ..engine import load_engine
-    from ..sampling import SamplingParams
-    from .sweep import run_sweep
+    from dflash_trt.decoding.model.tokens import default_stop_ids, encode_prompt
+    from dflash_trt.engine import load_engine
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.benchmarks.sweep import run_sweep
 
     log(f"loading {config.engine}")
     engine = load_engine(config.engine)

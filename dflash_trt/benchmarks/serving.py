@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .config import BenchConfig
-from .loadgen import run_level
+from dflash_trt.benchmarks.config import BenchConfig
+from dflash_trt.benchmarks.loadgen import run_level
 
 # Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
 MODES = {"dflash": (0, 0), "plain": (1, 0)}
@@ -53,7 +53,7 @@ def best_at_interactivity(levels: dict, min_user_tokens_per_s: float) -> dict | 
 
 
 def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> Path:
-    from ..serving.repo import RepoConfig, render_repository
+    from dflash_trt.serving.repo import RepoConfig, render_repository
 
     batch = {"max_batch_sequences": max_batch} if max_batch else {"max_batch_sequences": max(config.concurrency)}
     return render_repository(RepoConfig(
@@ -63,9 +63,9 @@ def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> 
 
 
 def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:
-    from ..serving.client import GrpcStream
-    from ..serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
-    from ..serving.server import serve_on_free_ports
+    from dflash_trt.serving.client import GrpcStream
+    from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
+    from dflash_trt.serving.server import serve_on_free_ports
 
     log_path = Path(config.out) / "logs" / f"triton-{mode}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """In-process block-size sweep: every prompt runs at block size 1 and at each swept size, interleaved.
 
 The order of the runs rotates from prompt to prompt, so a slow phase of a shared machine hits every
-block size alike. Figures per (family, block size) come from dflash_trt.bench.BenchReport, with the
+block size alike. Figures per (family, block size) come from dflash_trt.benchmarks.in_process.BenchReport, with the
 block size 1 runs of the same prompts as its baseline.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..bench import BenchReport
-from ..decoding import generate
-from ..results import GenerationResult
-from ..sampling import SamplingParams
+from dflash_trt.benchmarks.in_process import BenchReport
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.step.results import GenerationResult
+from dflash_trt.decoding.step.sampling import SamplingParams
 
 WARMUP_TOKENS = 8
 

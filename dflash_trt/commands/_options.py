@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import DFlashError
-from ..sampling import SamplingParams, bad_words_ids
-from ..speculative_config import add_speculative_config_option, apply_to_args
+from dflash_trt.decoding.model.tokens import default_stop_ids
+from dflash_trt.errors import DFlashError
+from dflash_trt.decoding.step.sampling import SamplingParams, bad_words_ids
+from dflash_trt.engine.speculative_config import add_speculative_config_option, apply_to_args
 
 
 def int_list(text: str) -> list[int]:
@@ -42,7 +43,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_logits_options(parser: argparse.ArgumentParser) -> None:
-    """The logits processors of SamplingParams (semantics in dflash_trt/logits_processors.py)."""
+    """The logits processors of SamplingParams (semantics in dflash_trt/decoding/step/logits_processors.py)."""
     defaults = SamplingParams()
     parser.add_argument("--min-tokens", type=int, default=defaults.min_tokens, metavar="N",
                         help="the stop ids are masked until N tokens were generated (default: 0)")
@@ -60,8 +61,8 @@ def load_pair(args):
     """(TargetModel, drafter or None) from --target/--drafter."""
     import torch
 
-    from ..drafter import load_drafter
-    from ..target import load_target
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
 
     from transformers.utils import logging as hf_logging
 
@@ -70,7 +71,7 @@ def load_pair(args):
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype)
     if args.drafter and getattr(args, "runtime", "torch") == "onnx":
-        from ..plugin.onnx_runtime import load_onnx_drafter
+        from dflash_trt.decoding.model.exported.onnx import load_onnx_drafter
 
         drafter = load_onnx_drafter(args.drafter, dtype=dtype)
     else:
@@ -82,20 +83,6 @@ def load_pair(args):
     return target, drafter
 
 
-def default_stop_ids(target) -> list[int]:
-    """EOS ids of the target's generation config, else its model config, else its (shipped) tokenizer.
-
-    A model without any of them has no default stop id, as in transformers' `generate`."""
-    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(getattr(target.model, "config", None), "eos_token_id", None)
-    if eos is None and target.tokenizer is not None:
-        eos = target.tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
 def sampling_params(args, target) -> SamplingParams:
     stop_ids = args.stop_ids if args.stop_ids is not None else default_stop_ids(target)
     return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -103,30 +90,3 @@ def sampling_params(args, target) -> SamplingParams:
                           min_tokens=args.min_tokens, bad_words_ids=bad_words_ids(args.bad_words, target.tokenizer),
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty)
-
-
-def encode_prompt(target, text, chat: bool) -> list[int]:
-    """Token ids of a prompt: text, or (with chat) a list of chat messages ending on a user turn."""
-    from ..data.prompts import prompt_messages
-
-    tokenizer = target.tokenizer
-    if tokenizer is None:
-        raise DFlashError(f"{target.source} has no tokenizer: pass token ids instead of text")
-    if chat:
-        if not tokenizer.chat_template:
-            raise DFlashError(f"{target.source}: the tokenizer has no chat template (drop --chat)")
-        try:
-            messages = prompt_messages(text)
-        except ValueError as error:
-            raise DFlashError(str(error)) from None
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    if not isinstance(text, str):
-        raise DFlashError("a multi-turn prompt (a list of chat messages) needs --chat")
-    return tokenizer.encode(text)
-
-
-def decode_tokens(target, token_ids: list[int]) -> str | None:
-    if target.tokenizer is None:
-        return None
-    return target.tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ._options import add_logits_options, add_model_options, encode_prompt, int_list, load_pair, sampling_params
+from dflash_trt.commands._options import add_logits_options, add_model_options, int_list, load_pair, sampling_params
+from dflash_trt.decoding.model.tokens import encode_prompt
 
 
 def register(subparsers) -> None:
@@ -23,8 +24,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..bench import load_prompts, run_benchmark
-    from ..errors import DFlashError
+    from dflash_trt.benchmarks.in_process import load_prompts, run_benchmark
+    from dflash_trt.errors import DFlashError
 
     records = load_prompts(args.prompts)[: args.limit]
     target, drafter = load_pair(args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._options import int_list
-from ..benchmarks.config import BenchConfig
+from dflash_trt.commands._options import int_list
+from dflash_trt.benchmarks.config import BenchConfig
 
 
 def register(subparsers) -> None:
@@ -50,9 +50,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..benchmarks.report import format_table
-    from ..benchmarks.run import run_bench
-    from ..engine.build import ensure_engine
+    from dflash_trt.benchmarks.report import format_table
+    from dflash_trt.benchmarks.run import run_bench
+    from dflash_trt.engine.build import ensure_engine
 
     config = BenchConfig(
         engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),

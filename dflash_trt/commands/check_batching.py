@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..benchmarks.batching_check import REFERENCES, CheckConfig
+from dflash_trt.benchmarks.batching_check import REFERENCES, CheckConfig
 
 
 def register(subparsers) -> None:
@@ -46,8 +46,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..benchmarks.batching_check import run_check
-    from ..engine.build import ensure_engine
+    from dflash_trt.benchmarks.batching_check import run_check
+    from dflash_trt.engine.build import ensure_engine
 
     from transformers.utils import logging as hf_logging
 

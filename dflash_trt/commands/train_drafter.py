@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ..errors import DFlashError
+from dflash_trt.errors import DFlashError
 
 STAGES = ("prompts", "answers", "features", "train", "export")
 
 
 def register(subparsers) -> None:
-    from ..training.pipeline import PRESETS
-    from ..training.trainer import ARCHS, PRECISIONS
+    from dflash_trt.training.pipeline import PRESETS
+    from dflash_trt.training.trainer import ARCHS, PRECISIONS
 
     parser = subparsers.add_parser(
         "train-drafter", help="train a DFlash drafter (prompts -> target answers -> features -> training)",
@@ -66,8 +66,8 @@ def parse_family_repeats(text: str, option: str = "--family-repeats") -> dict[st
 
 
 def run(args) -> int:
-    from ..training.pipeline import PRESETS, PipelineConfig, run_pipeline
-    from ..training.trainer import TrainConfig
+    from dflash_trt.training.pipeline import PRESETS, PipelineConfig, run_pipeline
+    from dflash_trt.training.trainer import TrainConfig
 
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     unknown = sorted(set(stages) - set(STAGES))

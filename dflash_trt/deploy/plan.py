@@ -7,10 +7,10 @@ so the tests check every decision without Docker, GPUs or a cluster.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_trt.engine.versions import version_key  # noqa: F401 (plan.version_key)
 from dflash_trt.errors import DFlashError
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
@@ -182,17 +182,3 @@ def serve_steps(
 def release_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a version string; pre-releases count as their release ("1.3.0rc11" -> (1, 3))."""
     return version_key(version)[:2]
-
-
-_VERSION = re.compile(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(rc|a|b|dev)(\d*))?")
-_PRE_RANK = {"dev": 0, "a": 1, "b": 2, "rc": 3}
-
-
-def version_key(version: str) -> tuple[int, int, int, int, int]:
-    """A sortable key of a release or pre-release: 1.3.0rc12 < 1.3.0rc13 < 1.3.0 < 1.3.1."""
-    match = _VERSION.match(version)
-    if match is None:
-        raise DeployError(f"cannot read a version from {version!r}")
-    major, minor, patch, pre, number = match.groups()
-    rank = _PRE_RANK[pre] if pre else len(_PRE_RANK)  # a final release sorts after its pre-releases
-    return int(major), int(minor), int(patch or 0), rank, int(number or 0)

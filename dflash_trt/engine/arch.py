@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from dflash_trt.errors import ConfigError
 
 
 @dataclass(frozen=True)

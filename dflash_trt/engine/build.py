@@ -11,20 +11,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import DrafterConfig
-from ..drafters.support import check_runtime
-from ..errors import ConfigError
-from . import steps
-from .arch import TargetArch, read_target_arch
-from .artifacts import drafter_onnx, trtllm
-from .compat import check_compatible
-from .manifest import MANIFEST_NAME, EngineError, write_manifest
-from .moe import resolve_moe
-from .needs import StepUnavailable
-from .planner import Plan, format_plan, plan_parallelism
-from .presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
-from .quantize import QUANT_STATE_NAME, check_quant, quant_scheme
-from .resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.model.drafters.support import check_runtime
+from dflash_trt.errors import ConfigError
+from dflash_trt.engine import steps
+from dflash_trt.engine.arch import TargetArch, read_target_arch
+from dflash_trt.engine.artifacts import drafter_onnx, trtllm
+from dflash_trt.engine.compat import check_compatible
+from dflash_trt.engine.manifest import MANIFEST_NAME, EngineError, write_manifest
+from dflash_trt.engine.moe import resolve_moe
+from dflash_trt.engine.planner import Plan, format_plan, plan_parallelism
+from dflash_trt.engine.presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
+from dflash_trt.engine.quantize import QUANT_STATE_NAME, check_quant, quant_scheme
+from dflash_trt.engine.resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
 
 NUM_STEPS = 6
 SINGLE_DEVICE_RUNTIMES = ("torch", "onnx", "tensorrt")
@@ -213,10 +212,10 @@ def _planned_outputs(preset: Preset) -> list[str]:
 def _build_runtime(preset: Preset, pair: _Pair, engine_dir: Path, progress: steps.Progress,
                    pending: steps.Pending) -> dict[str, str]:
     if preset.runtime == "trtllm":
-        from .build_trtllm import build_trtllm
+        from dflash_trt.engine.build_trtllm import build_trtllm
 
         return build_trtllm(preset, pair, engine_dir, progress, pending)
-    from .build_local import build_local
+    from dflash_trt.engine.build_local import build_local
 
     return build_local(preset, pair, engine_dir, progress, pending)
 
@@ -250,19 +249,3 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "warnings": warnings,
         "pending_steps": pending.items,
     }
-
-
-def run_step(name: str, engine_dir: Path, fingerprint: dict[str, Any], outputs: list[Path],
-             action: Callable[[], None], log: Callable[[str], None]) -> None:
-    """Run `action` unless the step is fresh; stamp it when it succeeds."""
-    if steps.is_fresh(engine_dir, name, fingerprint, outputs):
-        log(f"  {name}: up to date")
-        return
-    steps.clear_stamp(engine_dir, name)
-    action()
-    steps.mark_done(engine_dir, name, fingerprint)
-
-
-def unavailable(pending: steps.Pending, exc: StepUnavailable, blocking: bool, log: Callable[[str], None]) -> None:
-    log(f"  {exc.step}: not possible here ({exc.missing}); continuing with the other steps")
-    pending.add(exc, blocking)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import DrafterConfig
-from ..errors import CompatibilityError
-from .arch import TargetArch
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.errors import CompatibilityError
+from dflash_trt.engine.arch import TargetArch
 
 
 @dataclass

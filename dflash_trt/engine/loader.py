@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import DrafterConfig
-from .manifest import EngineError, read_manifest
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.engine.manifest import EngineError, read_manifest
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Engine:
     directory: Path
     manifest: dict[str, Any]
     drafter_config: DrafterConfig
-    target: Any = None  # dflash_trt.target.TargetModel (torch, onnx, tensorrt)
+    target: Any = None  # dflash_trt.decoding.model.target.TargetModel (torch, onnx, tensorrt)
     drafter: Any = None  # DFlashDrafter (torch), OnnxDrafter (onnx) or TensorRTDrafter (tensorrt, on CUDA): one API
     drafter_onnx: Path | None = None  # onnx, tensorrt
     tensorrt_plan: Path | None = None  # tensorrt
@@ -69,8 +69,8 @@ def load_engine(engine_dir: str | Path, verify: bool = True, load_models: bool =
 def _load_models(engine: Engine, device: str) -> None:
     import torch
 
-    from ..drafter import load_drafter
-    from ..target import load_target
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
 
     dtype = getattr(torch, engine.manifest["dtype"])
     if engine.manifest.get("quant") == "nvfp4" and not str(device).startswith("cuda"):
@@ -79,19 +79,19 @@ def _load_models(engine: Engine, device: str) -> None:
     # A quantized target keeps plain nn.Linear modules: ModelOpt converts them by exact type.
     engine.target = load_target(engine.target_path, dtype=dtype, device=device, pack=not state)
     if state:
-        from .quantize import restore_quantization
+        from dflash_trt.engine.quantize import restore_quantization
 
         restore_quantization(engine.target.model, engine.directory / state)
     if engine.runtime == "torch":
         engine.drafter = load_drafter(engine.drafter_path, dtype=dtype, device=device)
     elif engine.runtime == "onnx":
-        from ..plugin.draft_head import load_draft_head
-        from ..plugin.onnx_runtime import OnnxDrafter
+        from dflash_trt.decoding.model.exported.head import load_draft_head
+        from dflash_trt.decoding.model.exported.onnx import OnnxDrafter
 
         engine.drafter = OnnxDrafter(engine.drafter_onnx, load_draft_head(engine.drafter_path, dtype))
     elif engine.runtime == "tensorrt" and engine.tensorrt_plan is not None and str(device).startswith("cuda"):
-        from ..plugin.draft_head import load_draft_head
-        from ..plugin.tensorrt_runtime import TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
+        from dflash_trt.decoding.model.exported.head import load_draft_head
+        from dflash_trt.decoding.model.exported.tensorrt import TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
 
         engine.drafter = TensorRTDrafter(engine.tensorrt_plan, load_draft_head(engine.drafter_path, dtype, device),
                                          device=device)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import DFlashError
+from dflash_trt.errors import DFlashError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1

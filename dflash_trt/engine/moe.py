@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import ConfigError
-from .arch import TargetArch
-from .presets import Preset
+from dflash_trt.errors import ConfigError
+from dflash_trt.engine.arch import TargetArch
+from dflash_trt.engine.presets import Preset
 
 BLACKWELL = ("b200", "b300")
 HOPPER = ("h100", "h200")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 
-from ..errors import DFlashError
+from dflash_trt.errors import DFlashError
 
 CONTAINER_HINT = ("run the build in the GPU container (deploy/docker/gpu.Dockerfile: `docker build -f "
                   "deploy/docker/gpu.Dockerfile -t dflash-trt-gpu:0.1.0 .`, then `docker run --gpus all ... "

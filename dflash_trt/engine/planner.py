@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import DrafterConfig
-from ..errors import DFlashError
-from .arch import TargetArch
-from .weights import DTYPE_BYTES, WeightBytes, drafter_weight_bytes, kv_bytes_per_layer_token, \
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.errors import DFlashError
+from dflash_trt.engine.arch import TargetArch
+from dflash_trt.engine.weights import DTYPE_BYTES, WeightBytes, drafter_weight_bytes, kv_bytes_per_layer_token, \
     target_weight_bytes
 
 MIB = 1 << 20

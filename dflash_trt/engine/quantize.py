@@ -17,9 +17,9 @@ import copy
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError
-from .arch import TargetArch
-from .needs import StepUnavailable, has_cuda
+from dflash_trt.errors import ConfigError
+from dflash_trt.engine.arch import TargetArch
+from dflash_trt.engine.needs import StepUnavailable, has_cuda
 
 QUANT_STATE_NAME = "quantization/modelopt_state.pth"  # relative to the engine directory
 CALIBRATION_PROMPTS = (
@@ -84,7 +84,7 @@ def export_for_trtllm(quant: str, target_dir: Path, out_dir: Path, dtype: str, l
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from ..target import load_tokenizer
+    from dflash_trt.decoding.model.target import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     if tokenizer is None:
@@ -113,7 +113,7 @@ def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, l
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
 
-    from ..target import load_target
+    from dflash_trt.decoding.model.target import load_target
 
     # NVFP4 scales are computed by CUDA kernels; FP8 calibrates anywhere.
     device = "cuda" if quant == "nvfp4" else "cpu"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .needs import StepUnavailable
+from dflash_trt.engine.needs import StepUnavailable
 
 STAMP_DIR = ".steps"
 
@@ -77,3 +77,19 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
     path = Path(path)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return {"path": str(path), "files": [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]}
+
+
+def run_step(name: str, engine_dir: Path, fingerprint: dict[str, Any], outputs: list[Path],
+             action: Callable[[], None], log: Callable[[str], None]) -> None:
+    """Run `action` unless the step is fresh; stamp it when it succeeds."""
+    if is_fresh(engine_dir, name, fingerprint, outputs):
+        log(f"  {name}: up to date")
+        return
+    clear_stamp(engine_dir, name)
+    action()
+    mark_done(engine_dir, name, fingerprint)
+
+
+def unavailable(pending: Pending, exc: StepUnavailable, blocking: bool, log: Callable[[str], None]) -> None:
+    log(f"  {exc.step}: not possible here ({exc.missing}); continuing with the other steps")
+    pending.add(exc, blocking)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import DrafterConfig
-from .arch import TargetArch
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.engine.arch import TargetArch
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Bytes per weight value of a quantized linear layer.
@@ -84,7 +84,7 @@ def target_weight_bytes(arch: TargetArch, tp: int, dtype: str, quant: str) -> We
 
 def drafter_weight_bytes(config: DrafterConfig, tp: int, dtype: str) -> float:
     """Drafter weights on one GPU (sharded like the target; norms replicated)."""
-    from ..drafter import expected_shapes
+    from dflash_trt.decoding.model.drafters import expected_shapes
 
     total = norms = 0
     for name, shape in expected_shapes(config).items():

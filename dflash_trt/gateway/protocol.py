@@ -5,7 +5,7 @@ neutral value (logprobs null, best_of 1, ...) are accepted only with that value,
 silently means something else here than on OpenAI.
 
 The logits controls go to the ensemble's TensorRT-LLM-named tensors and keep TensorRT-LLM's semantics
-(dflash_trt/logits_processors.py): `presence_penalty` and `frequency_penalty` (OpenAI's range -2..2) count
+(dflash_trt/decoding/step/logits_processors.py): `presence_penalty` and `frequency_penalty` (OpenAI's range -2..2) count
 the prompt's tokens as well as the generated ones, and are subtracted after the temperature scaling (not
 divided by the temperature). OpenAI (and vLLM) count the generated tokens only: a token of the prompt is
 penalized here from the first generated token on, there only once it was generated. vLLM's extensions

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .report import Section, exit_code, format_report, targets, write_json
+from dflash_trt.gpu_check.report import Section, exit_code, format_report, targets, write_json
 
 
 def refusal() -> str | None:
@@ -39,7 +39,7 @@ def timed(name: str, fn) -> Section:
 
 
 def build_section() -> Section:
-    from ..plugin import cuda_op
+    from dflash_trt.decoding.kernels.plugin import cuda_op
 
     start = time.perf_counter()
     path = cuda_op.build_extension()
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from . import kernel_checks, model_checks, sanitizer
+    from dflash_trt.gpu_check import kernel_checks, model_checks, sanitizer
 
     started = time.perf_counter()
     layers = args.target_layers or (8 if args.quick else 36)

@@ -6,12 +6,13 @@ import random
 
 import torch
 
-from ..attention import BACKEND_ENV, draft_attention
-from ..plugin.fields import AttentionFields
-from ..plugin.torch_op import draft_attention_inplace, fields_to_list
-from ..rope import RotaryEmbedding
-from .report import Section, attention_bytes, floor_us, nominal_bandwidth
-from .tolerances import cache_error, output_error
+from dflash_trt.decoding.kernels.attention import BACKEND_ENV, draft_attention
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
+from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
+from dflash_trt.decoding.kernels.plugin.torch_op import draft_attention_inplace
+from dflash_trt.decoding.kernels.rope import RotaryEmbedding
+from dflash_trt.gpu_check.report import Section, attention_bytes, floor_us, nominal_bandwidth
+from dflash_trt.gpu_check.tolerances import cache_error, output_error
 
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
                 "beta_fast": 32.0, "beta_slow": 1.0}

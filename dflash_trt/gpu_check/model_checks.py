@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from .join_leave import budgets, join_and_leave
-from .kernel_checks import time_us
-from .verify_checks import graphed_verify
-from .report import PAPER_TAU, Section, implied_speedup
+from dflash_trt.gpu_check.join_leave import budgets, join_and_leave
+from dflash_trt.gpu_check.kernel_checks import time_us
+from dflash_trt.gpu_check.verify_checks import graphed_verify
+from dflash_trt.gpu_check.report import PAPER_TAU, Section, implied_speedup
 
 BLOCK = 16
 DRAFT_LAYERS = 5
@@ -28,9 +28,9 @@ def build_pair(target_layers: int, device: str = "cuda", dtype: torch.dtype = to
     """A random-weight Qwen3-8B-width target with `target_layers` layers and a DFlash drafter, built on `device`."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from ..config import DrafterConfig, default_target_layer_ids
-    from ..drafter import DFlashDrafter
-    from ..target import TargetModel
+    from dflash_trt.decoding.model.config import DrafterConfig, default_target_layer_ids
+    from dflash_trt.decoding.model.drafters import DFlashDrafter
+    from dflash_trt.decoding.model.target import TargetModel
 
     config = Qwen3Config(vocab_size=VOCAB, hidden_size=4096, intermediate_size=12288, num_hidden_layers=target_layers,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
@@ -54,17 +54,17 @@ def build_pair(target_layers: int, device: str = "cuda", dtype: torch.dtype = to
 
 
 def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48, new_tokens: int = 32) -> Section:
-    from ..decoding import generate
-    from ..sampling import SamplingParams
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     section = Section(f"decoding loop on CUDA vs transformers greedy generate ({target.num_layers}-layer target, "
                       f"{next(drafter.parameters()).dtype})")
     g = torch.Generator().manual_seed(1)
     vocab = target.vocab_size - 1  # the last id is the drafter's mask token
     prompts = [torch.randint(0, vocab, (prompt_len + 3 * i,), generator=g).tolist() for i in range(num_prompts)]
-    from ..graphed_drafter import GraphedDrafter
+    from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
 
-    from ..graphed_verifier import GraphedVerifier
+    from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 
     params = SamplingParams(max_new_tokens=new_tokens)
     results = generate(target, drafter, prompts, params, block_size=BLOCK)
@@ -144,7 +144,7 @@ def step_times(target, drafter, batches=(1, 8, 32), context: int = 1024, new_row
 
         with torch.inference_mode():
             t_draft = time_us(draft, iterations=iterations)
-        from ..graphed_drafter import GraphedDrafter
+        from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
 
         graphed = GraphedDrafter(drafter)
         graphed_cache = graphed.new_cache(batch, context + 2 * BLOCK)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .report import Section
+from dflash_trt.gpu_check.report import Section
 
 TOOLS = ("memcheck", "racecheck")
 # Ways to restrict the checks to the project's kernels (namespace dflash), newest spelling first; a sanitizer that

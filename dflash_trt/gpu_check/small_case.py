@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from .kernel_checks import kernel, make_case, reference
-from .tolerances import cache_error, output_error
+from dflash_trt.gpu_check.kernel_checks import kernel, make_case, reference
+from dflash_trt.gpu_check.tolerances import cache_error, output_error
 
 SHAPES = (("d128", 8, 2, 128, 1e6, None), ("d64-yarn", 16, 2, 64, 150000.0,
           {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}))

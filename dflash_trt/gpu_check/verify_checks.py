@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_checks import time_us
+from dflash_trt.gpu_check.kernel_checks import time_us
 
 
 def graphed_verify(target, prefill_cache, prompt: torch.Tensor, context: int, block: int, layer_ids,
@@ -15,7 +15,7 @@ def graphed_verify(target, prefill_cache, prompt: torch.Tensor, context: int, bl
     DynamicCache holding `context` tokens of every row of `prompt`), and the token check.
 
     The steps write at the same slots every time (the lengths stay at `context`), as the eager timing does."""
-    from ..graphed_verifier import GraphedVerifier
+    from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 
     batch, device = prompt.shape[0], prompt.device
     graphed, eager = GraphedVerifier(target), GraphedVerifier(target, graphs=False)

@@ -29,7 +29,7 @@ class Job:
 
     request_id: str
     prompt_ids: list[int]
-    params: object  # dflash_trt.sampling.SamplingParams
+    params: object  # dflash_trt.decoding.step.sampling.SamplingParams
     stream: ChunkStream
     stats: Stats
     send: Callable

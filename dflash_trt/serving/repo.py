@@ -48,7 +48,7 @@ class RepoConfig:
     num_threads: int = 0  # torch CPU threads per dflash instance; 0: the cores divided among the instances
     block_size: int = 0  # 0: the engine's; smaller overrides it, 1 = plain decoding (benchmark baseline)
     block_policy: str = "adaptive"  # each step's block size from measured costs; "fixed": always block_size
-    # In-flight batching of each dflash instance (dflash_trt/scheduler.py).
+    # In-flight batching of each dflash instance (dflash_trt/decoding/scheduler/scheduler.py).
     max_batch_sequences: int = 16  # sequences decoding together; more wait in Triton's queue
     max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
     prefill_chunk_tokens: int = 512  # prompt tokens prefilled per step: the stall a newcomer adds

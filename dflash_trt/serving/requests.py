@@ -26,7 +26,7 @@ INPUTS = {
     "stop_words": ("OSU", "TYPE_STRING", False),
     "end_id": ("iu", "TYPE_INT32", False),
     "exclude_input_in_output": ("b", "TYPE_BOOL", False),
-    # TensorRT-LLM's logits controls (dflash_trt/logits_processors.py states what they do).
+    # TensorRT-LLM's logits controls (dflash_trt/decoding/step/logits_processors.py states what they do).
     "min_tokens": ("iu", "TYPE_INT32", False),
     "bad_words": ("OSU", "TYPE_STRING", False),
     "repetition_penalty": ("f", "TYPE_FP32", False),
@@ -75,7 +75,7 @@ class GenerationRequest:
     (generate until max_tokens or a stop word: TensorRT-LLM's spelling of ignore_eos). min_tokens holds the
     end ids back until that many tokens were generated; bad_words are strings never to emit (each tokenized
     without special tokens, as TensorRT-LLM's preprocessing does); the penalties are TensorRT-LLM's
-    (dflash_trt/logits_processors.py)."""
+    (dflash_trt/decoding/step/logits_processors.py)."""
 
     text: str
     max_tokens: int

@@ -23,7 +23,7 @@ CUDA_GRAPHS_ENV = "DFLASH_CUDA_GRAPHS"  # 1: the decoding steps (verify and draf
 
 
 def _default_limits():
-    from dflash_trt.scheduler import SchedulerLimits
+    from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
 
     return SchedulerLimits()
 
@@ -32,18 +32,18 @@ def _default_limits():
 class LocalRuntime:
     """Target and drafter in this process; requests batch in flight in one scheduler per model instance."""
 
-    target: object  # dflash_trt.target.TargetModel
+    target: object  # dflash_trt.decoding.model.target.TargetModel
     drafter: object  # a DFlash drafter (PyTorch module, or the ONNX/TensorRT twin)
     block_size: int  # the largest block a step verifies (1: plain decoding)
     default_end_ids: tuple[int, ...] = ()
     max_concurrent_requests: int = 1
-    limits: object = field(default_factory=_default_limits)  # dflash_trt.scheduler.SchedulerLimits
+    limits: object = field(default_factory=_default_limits)  # dflash_trt.decoding.scheduler.scheduler.SchedulerLimits
     block_policy: str = "adaptive"  # or "fixed": every step verifies block_size (block_policy.py)
 
     def new_scheduler(self):
         """A scheduler over this runtime's pair, with its limits and block-size policy."""
-        from dflash_trt.block_policy import make_policy
-        from dflash_trt.scheduler import Scheduler, allowed_block_sizes
+        from dflash_trt.decoding.scheduler.block_policy import make_policy
+        from dflash_trt.decoding.scheduler.scheduler import Scheduler, allowed_block_sizes
 
         drafter = self.drafter if self.block_size > 1 else None
         policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size))
@@ -55,7 +55,7 @@ class LocalRuntime:
 
     def steps(self, prompt_ids: list[int], request: GenerationRequest, end_ids) -> Iterator[Step]:
         """Steps of one generation; closing the iterator stops it between two verify steps."""
-        from dflash_trt.decoding import stream_generate
+        from dflash_trt.decoding.api import stream_generate
 
         params = sampling_params(request, end_ids, self.tokenizer)
         for out in stream_generate(self.target, self.drafter, prompt_ids, params, block_size=self.block_size):
@@ -74,7 +74,7 @@ def step_of(out) -> Step:
 
 def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):
     """The decoding loop's SamplingParams of a request; its bad_words are tokenized with `tokenizer`."""
-    from dflash_trt.sampling import SamplingParams, bad_words_ids
+    from dflash_trt.decoding.step.sampling import SamplingParams, bad_words_ids
 
     return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
                           top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids),
@@ -130,7 +130,7 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     if block_size > engine.block_size:
         raise DFlashError(f"{engine_dir}: block_size {block_size} exceeds the engine's {engine.block_size}")
     drafter = _drafter(engine) if block_size > 1 else None
-    from dflash_trt.block_policy import make_policy
+    from dflash_trt.decoding.scheduler.block_policy import make_policy
 
     make_policy(block_policy, block_size)  # a bad name fails at load, not at the first request
     target = engine.target
@@ -148,9 +148,9 @@ def graphed_pair(target, drafter, device: str):
     are not PyTorch modules and stay as they are (a TensorRT engine is one launch already)."""
     if not str(device).startswith("cuda"):
         raise DFlashError(f"CUDA graphs ({CUDA_GRAPHS_ENV}=1) need a CUDA device, not {device!r}")
-    from dflash_trt.drafters import DrafterBase
-    from dflash_trt.graphed_drafter import GraphedDrafter
-    from dflash_trt.graphed_verifier import GraphedVerifier
+    from dflash_trt.decoding.model.drafters import DrafterBase
+    from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
+    from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 
     if isinstance(drafter, DrafterBase):
         drafter = GraphedDrafter(drafter, graphs=True)
@@ -167,7 +167,7 @@ def _drafter(engine):
 
 def default_end_ids(target) -> tuple[int, ...]:
     """The target's EOS ids (generation config, else tokenizer), as `dflash-trt generate` uses."""
-    from dflash_trt.commands._options import default_stop_ids
+    from dflash_trt.decoding.model.tokens import default_stop_ids
 
     return tuple(default_stop_ids(target))
 
@@ -178,7 +178,7 @@ def tokenizer_for(engine_dir: str | Path):
     Text in and text out need the tokenizer files the target ships: without them this refuses
     rather than inventing a vocabulary."""
     from dflash_trt.engine import load_engine
-    from dflash_trt.target import TOKENIZER_FILES, load_tokenizer
+    from dflash_trt.decoding.model.target import TOKENIZER_FILES, load_tokenizer
 
     # The dflash model verifies the file hashes; reading the manifest is enough here.
     engine = load_engine(engine_dir, verify=False, load_models=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.drafters.common import Proposal
+from dflash_trt.decoding.model.protocols import Proposal
 
 
 @dataclass
@@ -95,8 +95,8 @@ def family_answers(target, split: str, prompts_root: str, families: tuple[str, .
                    max_new_tokens: int, stop_ids: tuple[int, ...]) -> list[tuple[str, list[int], int]]:
     """(family, prompt + greedy answer ids, prompt length) for the first `per_family` prompts of each family."""
     from dflash_trt.data.prompts import load_prompts
-    from dflash_trt.decoding import generate
-    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.training.answers import chat_ids
 
     chosen: dict[str, list[list[int]]] = {}
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     """Per family and drafter: the greedy loop's tau and the mean over every anchor, from one forward each."""
     import argparse
 
-    from dflash_trt.commands._options import default_stop_ids
-    from dflash_trt.drafter import load_drafter
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.model.tokens import default_stop_ids
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
     from dflash_trt.training.features import target_features
     from dflash_trt.training.target_io import resolve_target_path
 

@@ -20,8 +20,8 @@ def heldout_prompt_ids(tokenizer, root: str, per_family: int) -> list[tuple[str,
 def heldout_tau(target, drafter, prompts: list[tuple[str, list[int]]], max_new_tokens: int,
                 stop_ids: tuple[int, ...]) -> dict[str, float]:
     """Greedy generation of every prompt with the drafter; returns tau overall and per family."""
-    from dflash_trt.decoding import generate
-    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
     was_training = drafter.training

@@ -95,7 +95,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
 
 def make_evaluator(tc: TrainConfig, model, tok, per_family: int):
     """Callable drafter -> {tau, tau_<family>} on the first held-out prompts of each family."""
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.model.target import TargetModel
     from dflash_trt.training.evaluate import heldout_prompt_ids, heldout_tau
 
     target = TargetModel(model, tok, source=tc.target)
@@ -126,7 +126,7 @@ def export(tc: TrainConfig, cfg: PipelineConfig, model, tok) -> dict:
     """Write the trained drafter to cfg.out (bf16 storage) and record its held-out tau next to the run."""
     import torch
 
-    from dflash_trt.drafter import load_drafter, save_drafter
+    from dflash_trt.decoding.model.drafters import load_drafter, save_drafter
 
     save_drafter(load_drafter(Path(tc.out) / "drafter"), cfg.out, dtype=torch.bfloat16)
     result = make_evaluator(tc, model, tok, cfg.eval_prompts_per_family)(load_drafter(cfg.out))

@@ -6,7 +6,7 @@ For a sequence with target features F[0..T) and anchors a_1..a_N (response posit
 - block n attends to context rows t < a_n (strictly before the anchor: the anchor's own feature is
   not visible, its token enters through its embedding in slot 0) and bidirectionally to its own
   slots; blocks are invisible to each other.
-The forward reuses the modules of the drafter (``dflash_trt.drafters``) (KV injection through the same k/v projections,
+The forward reuses the modules of the drafter (``dflash_trt.decoding.model.drafters``) (KV injection through the same k/v projections,
 RoPE at absolute positions), so a trained state dict is the published checkpoint as is. The masked
 attention is the training twin of the cache-based inference path; a test checks they agree.
 """
@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dflash_trt.drafter import DrafterBase
+from dflash_trt.decoding.model.drafters import DrafterBase
 
 
 def sample_anchors(prompt_len: int, length: int, num_blocks: int, generator: torch.Generator) -> torch.Tensor:

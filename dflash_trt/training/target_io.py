@@ -39,7 +39,7 @@ def load_hf_target(target: str):
     from transformers import AutoModelForCausalLM
 
     from dflash_trt.errors import DFlashError
-    from dflash_trt.target import load_tokenizer
+    from dflash_trt.decoding.model.target import load_tokenizer
 
     path = Path(resolve_target_path(target))
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
@@ -51,7 +51,7 @@ def load_hf_target(target: str):
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    from dflash_trt.cpu_linear import pack_linear_layers
+    from dflash_trt.decoding.kernels.cpu_linear import pack_linear_layers
 
     pack_linear_layers(model)  # faster answer generation and feature passes on CPU (cpu_linear.py)
     return model, tok

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.config import FAMILY_ARCHITECTURE, DrafterConfig
-from dflash_trt.drafter import DrafterBase, build_drafter, save_drafter
+from dflash_trt.decoding.model.config import FAMILY_ARCHITECTURE, DrafterConfig
+from dflash_trt.decoding.model.drafters import DrafterBase, build_drafter, save_drafter
 from dflash_trt.training.recipe import block_loss, build_batch, sample_anchors
 
 STATE_NAME = "train_state.pt"
@@ -135,7 +135,7 @@ def use_bf16(precision: str) -> bool:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
     if precision == "auto":
-        from dflash_trt.cpu_linear import bf16_packing_available
+        from dflash_trt.decoding.kernels.cpu_linear import bf16_packing_available
         return bf16_packing_available()
     return precision == "bf16"
 
@@ -233,7 +233,7 @@ class Trainer:
 
     def _warm_start(self, path: str) -> None:
         """Start from a published drafter (the inverse of `published_drafter`)."""
-        from dflash_trt.drafter import load_drafter
+        from dflash_trt.decoding.model.drafters import load_drafter
         from dflash_trt.errors import ConfigError
 
         source = load_drafter(path)

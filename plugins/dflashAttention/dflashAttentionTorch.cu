@@ -2,7 +2,7 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * The CUDA kernels as a PyTorch operator, dflash_cuda::draft_attention_ (built at first use on a CUDA machine by
- * dflash_trt.plugin.cuda_op): the caches are updated in place, the kernels run on the current stream, the workspace
+ * dflash_trt.decoding.kernels.plugin.cuda_op): the caches are updated in place, the kernels run on the current stream, the workspace
  * comes from PyTorch's caching allocator, and nothing synchronises with the host, so calls can be captured in a CUDA
  * graph (after one call outside the capture, which sets the kernels' shared-memory limit).
  */
@@ -29,7 +29,7 @@ DflashAttentionFields fieldsFromList(c10::ArrayRef<double> values)
     TORCH_CHECK(values.size() == kNB_FIELDS, "DFlashAttention: expected ", kNB_FIELDS, " fields, got ", values.size());
     auto i32 = [&](int32_t i) { return static_cast<int32_t>(values[i]); };
     auto f32 = [&](int32_t i) { return static_cast<float>(values[i]); };
-    // Order of dflash::DflashAttentionFields (and of dflash_trt.plugin.fields.FIELD_NAMES).
+    // Order of dflash::DflashAttentionFields (and of dflash_trt.decoding.kernels.plugin.fields.FIELD_NAMES).
     return DflashAttentionFields{i32(0), i32(1), i32(2), i32(3), f32(4), f32(5), i32(6), f32(7), f32(8), f32(9), f32(10),
         f32(11), i32(12)};
 }

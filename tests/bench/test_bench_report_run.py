@@ -95,7 +95,7 @@ def test_multi_turn_and_text_prompt_families_share_one_table(bench_engine, tmp_p
 
 
 def test_a_multi_turn_prompt_is_encoded_with_the_chat_template(bench_engine):
-    from dflash_trt.commands._options import encode_prompt
+    from dflash_trt.decoding.model.tokens import encode_prompt
     from dflash_trt.engine import load_engine
     from dflash_trt.errors import DFlashError
 

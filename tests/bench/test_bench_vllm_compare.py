@@ -117,8 +117,8 @@ def test_command_line_defaults_and_validation():
 def test_our_side_gives_every_prompt_its_tokens_alone_and_batched(tiny_pair_dir):
     """The scheduler side: batch 1 and batch B emit the same tokens, DFlash the same as plain decoding."""
     from dflash_trt.benchmarks.vllm_ours import measure_mode
-    from dflash_trt.drafters import load_drafter
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
 
     target, drafter = load_target(tiny_pair_dir / "target"), load_drafter(tiny_pair_dir / "drafter")
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16], [17, 18]]

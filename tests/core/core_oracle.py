@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.drafter import DFlashDrafter, DraftCache
+from dflash_trt.decoding.model.drafters import DFlashDrafter, DraftCache, Proposal
 
 
 class _TrackedCache(DraftCache):
@@ -45,7 +45,7 @@ class OracleDrafter(DFlashDrafter):
                 if _hash(position, self.hash_keys[seq]) % self.corrupt_every == 0:
                     token = (token + 1) % self.config.vocab_size
                 drafts[row, k - 1] = token
-        return drafts
+        return Proposal(drafts)
 
 
 def _hash(position: int, seq: int) -> int:
@@ -85,4 +85,4 @@ class SelfDrafter(DFlashDrafter):
                 proposal.append(self.greedy_next(proposal))
             drafts[row] = torch.tensor(proposal[len(history):])
             self.previous[seq] = (start, drafts[row].tolist())
-        return drafts
+        return Proposal(drafts)

@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 from scipy.stats import chisquare
 
-from dflash_trt.sampling import probabilities
+from dflash_trt.decoding.step.sampling import probabilities
 
 MIN_EXPECTED = 5  # chi-square needs about this many expected hits per cell to be trustworthy
 

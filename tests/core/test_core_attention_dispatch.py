@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_trt import attention
-from dflash_trt.plugin import cuda_op
-from dflash_trt.rope import RotaryEmbedding
+from dflash_trt.decoding.kernels import attention
+from dflash_trt.decoding.kernels.plugin import cuda_op
+from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 
 ROPE = RotaryEmbedding(128, 1e6)
 

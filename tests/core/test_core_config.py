@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dflash_trt.config import DrafterConfig, default_target_layer_ids
+from dflash_trt.decoding.model.config import DrafterConfig, default_target_layer_ids
 from dflash_trt.errors import ConfigError
 from dflash_trt.testing import make_tiny_target, tiny_drafter_config
 

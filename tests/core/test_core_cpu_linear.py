@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_trt.cpu_linear import BF16Head, PackedLinear, bf16_packing_available, pack_linear_layers, packing_available
+from dflash_trt.decoding.kernels.cpu_linear import BF16Head, PackedLinear, bf16_packing_available, pack_linear_layers, packing_available
 from dflash_trt.testing import make_tiny_target
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN packing")
@@ -92,7 +92,7 @@ def test_bf16_draft_head_picks_the_same_tokens_almost_always():
 
 
 def test_bf16_draft_head_only_where_it_applies():
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.model.target import TargetModel
 
     target = TargetModel(make_tiny_target("llama").to(torch.bfloat16))
     assert target.use_bf16_draft_head() is False  # already low precision: nothing to gain

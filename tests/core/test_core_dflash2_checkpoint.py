@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_trt.config import DrafterConfig
-from dflash_trt.drafters import DFlash2Drafter, DFlashDrafter, expected_shapes, load_drafter
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.model.drafters import DFlash2Drafter, DFlashDrafter, expected_shapes, load_drafter
 from dflash_trt.errors import CheckpointError, ConfigError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 

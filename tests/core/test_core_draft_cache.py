@@ -2,9 +2,9 @@
 
 import torch
 
-from dflash_trt.decoding import generate
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.target import TargetModel
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 
@@ -42,9 +42,9 @@ def test_context_rows_after_a_verify_are_the_committed_ones():
     seen = []
     original = drafter.propose
 
-    def spy(target_, block, features, ctx_lens, cache):
+    def spy(target_, block, features, ctx_lens, cache, **kwargs):
         seen.append(int(ctx_lens[0]))
-        return original(target_, block, features, ctx_lens, cache)
+        return original(target_, block, features, ctx_lens, cache, **kwargs)
 
     drafter.propose = spy
     result = generate(target, drafter, [[1, 2, 3]], SamplingParams(max_new_tokens=12))[0]
@@ -55,7 +55,7 @@ def test_context_rows_after_a_verify_are_the_committed_ones():
 
 
 def test_a_sliding_window_cache_stays_bounded_at_long_contexts():
-    from dflash_trt.drafters.common import DraftCache
+    from dflash_trt.decoding.model.drafters import DraftCache
 
     model = make_tiny_target("qwen3", seed=2)
     target = TargetModel(model)

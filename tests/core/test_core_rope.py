@@ -3,7 +3,7 @@ import torch
 from transformers import Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from dflash_trt.rope import RotaryEmbedding
+from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 
 YARN_CASES = [
     {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from core_oracle import SelfDrafter
-from dflash_trt.decoding import generate
-from dflash_trt.sampling import SamplingParams, probabilities
-from dflash_trt.target import TargetModel
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.step.sampling import SamplingParams, probabilities
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 from sampling_oracle import chi_square_pvalue, exact_joint
 

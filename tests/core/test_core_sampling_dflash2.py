@@ -7,10 +7,10 @@ enumerated joint); with a q that is not the one the drafts were drawn from, the 
 import pytest
 import torch
 
-from dflash_trt.decoding import generate
-from dflash_trt.drafters import DFlash2Drafter, Proposal
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.target import TargetModel
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.model.drafters import DFlash2Drafter, Proposal
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 from sampling_oracle import chi_square_pvalue, exact_joint
 

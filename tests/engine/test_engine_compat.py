@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_trt.config import DrafterConfig
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.compat import check_compatible, check_pair
 from dflash_trt.engine.presets import SHIPPED_CONFIGS, load_preset

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from dflash_trt.decoding import generate
+from dflash_trt.decoding.api import generate
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
 from dflash_trt.engine.presets import REPO_ROOT, SHIPPED_CONFIGS, load_preset
-from dflash_trt.sampling import SamplingParams
+from dflash_trt.decoding.step.sampling import SamplingParams
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 
@@ -22,8 +22,8 @@ def demo_drafter(tmp_path_factory, smollm2_config):
     shipped = REPO_ROOT / load_preset("smollm2-135m").drafter.path
     if (shipped / "config.json").is_file():
         return None  # the preset resolves it
-    from dflash_trt.config import DrafterConfig
-    from dflash_trt.drafter import DFlashDrafter, save_drafter
+    from dflash_trt.decoding.model.config import DrafterConfig
+    from dflash_trt.decoding.model.drafters import DFlashDrafter, save_drafter
 
     config = DrafterConfig.from_dict({
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576, "intermediate_size": 1536,
@@ -86,7 +86,7 @@ def test_fp8_engine_is_lossless_against_its_own_quantized_target(engine_dir, dem
     ids = torch.tensor([chat_ids(engine.target.tokenizer, PROMPTS[0])])
     with torch.no_grad():
         quantized = engine.target.model(ids).logits
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.model.target import load_target
 
     with torch.no_grad():
         plain_logits = load_target(engine.target_path).model(ids).logits

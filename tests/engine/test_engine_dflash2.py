@@ -45,10 +45,10 @@ def test_an_onnx_engine_of_a_dflash2_drafter_drafts_and_samples_like_torch(tiny_
     proposals (drafts, candidates, q) and sampled generations equal the torch runtime's."""
     import torch
 
-    from dflash_trt.decoding import generate
+    from dflash_trt.decoding.api import generate
     from dflash_trt.engine.loader import load_engine
-    from dflash_trt.sampling import SamplingParams
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.decoding.model.target import load_target
     from dflash_trt.testing import make_tiny_drafter
 
     drafter_dir = tmp_path / "dflash2"

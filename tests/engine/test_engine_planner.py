@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_trt.config import DrafterConfig
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.planner import GPUS, RUNTIME_RESERVE_BYTES, PlanError, format_plan, plan_parallelism
 from dflash_trt.engine.presets import SHIPPED_CONFIGS

@@ -15,7 +15,7 @@ SMALL = ("small", 8, 2, 64, 1e6, None)
 
 @pytest.fixture(scope="module")
 def twin_run():
-    from dflash_trt.plugin.library import load_library
+    from dflash_trt.decoding.kernels.plugin.library import load_library
 
     load_library()
     inputs = kernel_checks.make_case(SMALL, 3, 600, seed=1, device="cpu")
@@ -52,7 +52,7 @@ def test_a_wrong_output_or_cache_is_caught(twin_run):
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.model.target import TargetModel
 
     model = make_tiny_target("qwen3", hidden_size=128, num_layers=6)
     drafter = make_tiny_drafter(model.config, block_size=model_checks.BLOCK, num_layers=2)

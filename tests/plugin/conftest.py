@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def cpu_library():
-    from dflash_trt.plugin.library import load_library
+    from dflash_trt.decoding.kernels.plugin.library import load_library
 
     return load_library()

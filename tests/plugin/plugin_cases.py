@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.plugin.fields import AttentionFields
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
 
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
                 "beta_fast": 32.0, "beta_slow": 1.0}

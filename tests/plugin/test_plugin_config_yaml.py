@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from dflash_trt.plugin.fields import FIELD_NAMES, AttentionFields
-from dflash_trt.plugin.onnx_node import INPUT_NAMES, INT_FIELDS, OUTPUT_NAMES
+from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES, AttentionFields
+from dflash_trt.decoding.kernels.plugin.onnx_node import INPUT_NAMES, INT_FIELDS, OUTPUT_NAMES
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflashAttention"
 

@@ -1,4 +1,4 @@
-"""The C++ CPU twin computes dflash_trt.attention.draft_attention: output and cache update.
+"""The C++ CPU twin computes dflash_trt.decoding.kernels.attention.draft_attention: output and cache update.
 
 Tolerances (max abs error against the PyTorch reference, inputs ~ N(0, 1)): fp32 1e-5; bf16 2 ulp of the
 output's magnitude (2 * 2**-8 * max|out|); fp16 2 ulp (2 * 2**-11 * max|out|). The 16-bit bounds cover the
@@ -15,9 +15,9 @@ import random
 import pytest
 import torch
 
-from dflash_trt.attention import draft_attention
-from dflash_trt.plugin.library import cpu_draft_attention, rope_table
-from dflash_trt.rope import RotaryEmbedding
+from dflash_trt.decoding.kernels.attention import draft_attention
+from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention, rope_table
+from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 from numpy_reference import draft_attention as numpy_draft_attention
 from plugin_cases import GPT_OSS_YARN, Case, clone_inputs, make_inputs, random_case
 

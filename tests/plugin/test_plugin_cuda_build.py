@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from dflash_trt.plugin.build import CPU_TARGET, CUDA_TARGETS, build_plugins, configured_targets
+from dflash_trt.decoding.kernels.plugin.build import CPU_TARGET, CUDA_TARGETS, build_plugins, configured_targets
 
 @pytest.fixture(scope="module")
 def kernel_test_binary():

@@ -17,15 +17,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def cuda_op():
-    from dflash_trt.plugin import cuda_op
+    from dflash_trt.decoding.kernels.plugin import cuda_op
 
     cuda_op.load_cuda_op()
     return cuda_op
 
 
 def reference(case: Case, inputs: dict, monkeypatch) -> tuple[torch.Tensor, dict]:
-    from dflash_trt.attention import BACKEND_ENV, draft_attention
-    from dflash_trt.rope import RotaryEmbedding
+    from dflash_trt.decoding.kernels.attention import BACKEND_ENV, draft_attention
+    from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 
     monkeypatch.setenv(BACKEND_ENV, "torch")
     ref_in = clone_inputs(inputs)
@@ -36,7 +36,7 @@ def reference(case: Case, inputs: dict, monkeypatch) -> tuple[torch.Tensor, dict
 
 
 def run_kernel(case: Case, inputs: dict) -> tuple[torch.Tensor, dict]:
-    from dflash_trt.plugin.torch_op import fields_to_list
+    from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
 
     ours_in = clone_inputs(inputs)
     out = torch.ops.dflash.draft_attention_(**ours_in, fields=fields_to_list(case.fields))
@@ -81,7 +81,7 @@ def test_a_sequence_drafts_the_same_bits_in_any_batch(cuda_op):
 
 
 def test_cuda_graph_replay_matches_eager(cuda_op):
-    from dflash_trt.plugin.torch_op import fields_to_list
+    from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
 
     case = Case(2, 16, 32, 8, 128, 4, 1500, (1200, 300), (4, 2), 1e6, False)
     inputs = {k: v.cuda() for k, v in make_inputs(case, torch.bfloat16).items()}
@@ -103,7 +103,8 @@ def test_cuda_graph_replay_matches_eager(cuda_op):
 
 
 def test_functional_op_runs_the_kernel_and_leaves_its_inputs(cuda_op):
-    from dflash_trt.plugin.torch_op import draft_attention_op, fields_to_list
+    from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
+    from dflash_trt.decoding.kernels.plugin.torch_op import draft_attention_op
 
     case = Case(1, 8, 8, 4, 64, 2, 64, (10,), (2,), 1e4, False)
     inputs = {k: v.cuda() for k, v in make_inputs(case, torch.float16).items()}

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from dflash_trt.plugin.fields import AttentionFields
-from dflash_trt.plugin.kernel_plan import kernel_plan, num_splits, shape_error, workspace_layout
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
+from dflash_trt.decoding.kernels.plugin.kernel_plan import kernel_plan, num_splits, shape_error, workspace_layout
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 QWEN3_8B = AttentionFields(num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_trt.plugin.fields import ROPE_YARN
+from dflash_trt.decoding.kernels.plugin.fields import ROPE_YARN
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 onnx = pytest.importorskip("onnx")
@@ -15,7 +15,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from dflash_trt.plugin.export import export_drafter_onnx
+    from dflash_trt.decoding.model.exported.export import export_drafter_onnx
 
     target = make_tiny_target("qwen3", hidden_size=256)  # head_dim 64, a size the plugin supports
     drafter_dir = tmp_path_factory.mktemp("drafter")
@@ -80,7 +80,7 @@ def test_sliding_drafters_are_refused_in_one_line():
     import pytest as _pytest
 
     from dflash_trt.errors import ConfigError
-    from dflash_trt.plugin.export import export_drafter
+    from dflash_trt.decoding.model.exported.export import export_drafter
     from dflash_trt.testing import make_tiny_drafter, tiny_target_config
 
     drafter = make_tiny_drafter(tiny_target_config("llama"), sliding_window=6)

@@ -15,11 +15,11 @@ import json
 import pytest
 import torch
 
-from dflash_trt.decoding import generate
-from dflash_trt.drafters import Proposal
-from dflash_trt.plugin.onnx_node import ort_library
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.target import load_target
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.model.drafters import Proposal
+from dflash_trt.decoding.kernels.plugin.onnx_node import ort_library
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.model.target import load_target
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 pytest.importorskip("onnxruntime")
@@ -33,7 +33,7 @@ HIDDEN_TOLERANCE = {"dflash": 1e-5, "dflash2": 3e-5}
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def pair(request, tmp_path_factory):
-    from dflash_trt.plugin.export import export_drafter
+    from dflash_trt.decoding.model.exported.export import export_drafter
 
     torch.set_num_threads(1)
     target_dir, drafter_dir = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("drafter")
@@ -47,9 +47,9 @@ def pair(request, tmp_path_factory):
 @pytest.fixture(scope="module", params=["library", "python"])
 def onnx_drafter(request, pair):
     """The exported drafter in onnxruntime, with the C++ custom-op library or the Python-op fallback."""
-    from dflash_trt.plugin import ort_python_op
-    from dflash_trt.plugin.draft_head import load_draft_head
-    from dflash_trt.plugin.onnx_runtime import OnnxDrafter
+    from dflash_trt.decoding.kernels.plugin import ort_python_op
+    from dflash_trt.decoding.model.exported.head import load_draft_head
+    from dflash_trt.decoding.model.exported.onnx import OnnxDrafter
 
     if request.param == "library" and ort_library() is None:
         pytest.skip("C++ custom-op library not built (onnxruntime_c_api.h not found; set ONNXRUNTIME_ROOT)")

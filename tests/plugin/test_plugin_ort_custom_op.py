@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_trt.plugin.library import cpu_draft_attention
-from dflash_trt.plugin.onnx_node import DOMAIN_VERSION, INPUT_NAMES, ONNX_DOMAIN, OUTPUT_NAMES, make_node, ort_library
+from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention
+from dflash_trt.decoding.kernels.plugin.onnx_node import DOMAIN_VERSION, INPUT_NAMES, ONNX_DOMAIN, OUTPUT_NAMES, make_node, ort_library
 from plugin_cases import Case, clone_inputs, make_inputs
 
 onnx = pytest.importorskip("onnx")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_trt.plugin.fields import AttentionFields
-from dflash_trt.plugin.library import rope_table
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
+from dflash_trt.decoding.kernels.plugin.library import rope_table
 
 YARN_CASES = [
     # (theta, head_dim, rope_parameters): gpt-oss, a truncate=False variant, mscale pair, explicit attention factor

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.plugin.draft_head import draft_head
-from dflash_trt.plugin.export import ExportGraph, cache_names
+from dflash_trt.decoding.model.exported.head import draft_head
+from dflash_trt.decoding.model.exported.export import ExportGraph, cache_names
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 
@@ -114,7 +114,7 @@ def pair(request):
 
 
 def open_drafter(fake, pair, tmp_path):
-    from dflash_trt.plugin.tensorrt_runtime import TensorRTDrafter
+    from dflash_trt.decoding.model.exported.tensorrt import TensorRTDrafter
 
     _, drafter = pair
     plan, library = tmp_path / "drafter.plan", tmp_path / "libdflash_attention_trt.so"
@@ -151,7 +151,7 @@ def test_drafts_like_the_pytorch_drafter_and_updates_caches_in_place(fake_trt, p
 
 def test_propose_returns_draft_tokens_through_the_target_head(fake_trt, pair, tmp_path, cpu_library):
     target_model, drafter = pair
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.model.target import TargetModel
 
     target = TargetModel(target_model)
     trt_drafter, _ = open_drafter(fake_trt, pair, tmp_path)
@@ -163,12 +163,12 @@ def test_propose_returns_draft_tokens_through_the_target_head(fake_trt, pair, tm
     if drafter.config.family == "dflash2":  # the selector's proposal: drafts, candidates and their q
         assert torch.equal(drafts.candidates, expected.candidates)
         torch.testing.assert_close(drafts.q, expected.q, rtol=0, atol=1e-5)
-        drafts, expected = drafts.drafts, expected.drafts
+    drafts, expected = drafts.drafts, expected.drafts
     assert drafts.shape == (1, drafter.config.block_size - 1) and torch.equal(drafts, expected)
 
 
 def test_missing_plugin_library_or_engine_is_one_clear_error(fake_trt, pair, tmp_path):
-    from dflash_trt.plugin.tensorrt_runtime import TensorRTDrafter
+    from dflash_trt.decoding.model.exported.tensorrt import TensorRTDrafter
 
     _, drafter = pair
     (tmp_path / "drafter.plan").write_bytes(b"unknown")
@@ -182,9 +182,9 @@ def test_missing_plugin_library_or_engine_is_one_clear_error(fake_trt, pair, tmp
 def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake_trt, pair, tmp_path, cpu_library):
     # max_new_tokens that are no multiple of the block make the last block shrink, for one row only: the engine
     # has no block mask, so those rows must run as their own sub-batch on their own length.
-    from dflash_trt.decoding import generate
-    from dflash_trt.sampling import SamplingParams
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.decoding.model.target import TargetModel
 
     target_model, drafter = pair
     target = TargetModel(target_model)
@@ -212,7 +212,7 @@ def qwen3_target():
 def test_exported_drafters_keep_the_checkpoints_embedding_scale_and_logit_transforms(qwen3_target, fake_trt, tmp_path,
                                                                                    cpu_library, family, settings):
     # A DFlash2 selector scores candidates by their logit values, so the multiplier and softcapping move its drafts.
-    from dflash_trt.target import TargetModel
+    from dflash_trt.decoding.model.target import TargetModel
 
     target_model = qwen3_target
     drafter = make_tiny_drafter(target_model.config, num_layers=2, family=family, **settings)
@@ -227,5 +227,5 @@ def test_exported_drafters_keep_the_checkpoints_embedding_scale_and_logit_transf
     if family == "dflash2":
         assert torch.equal(got.candidates, expected.candidates)
         torch.testing.assert_close(got.q, expected.q, rtol=0, atol=1e-5)
-        got, expected = got.drafts, expected.drafts
+    got, expected = got.drafts, expected.drafts
     assert torch.equal(got, expected)

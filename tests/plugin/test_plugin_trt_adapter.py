@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from dflash_trt.plugin.build import CPU_TARGET, build_plugins, configured_targets
+from dflash_trt.decoding.kernels.plugin.build import CPU_TARGET, build_plugins, configured_targets
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.drafter import DFlashDrafter, DraftCache
+from dflash_trt.decoding.model.drafters import DFlashDrafter, DraftCache, Proposal
 
 
 class NumberedCache(DraftCache):
@@ -51,4 +51,4 @@ class JoiningOracle(DFlashDrafter):
                 if (((position * 2654435761 + seq * 40503) & 0xFFFFFFFF) >> 16) % self.corrupt_every == 0:
                     token = (token + 1) % self.config.vocab_size
                 drafts[row, k - 1] = token
-        return drafts
+        return Proposal(drafts)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import oracle_for
-from dflash_trt.batch import fill_from_the_end
-from dflash_trt.block_policy import FixedBlockSize
+from dflash_trt.decoding.step.batch import fill_from_the_end
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
 from dflash_trt.errors import CompatibilityError
-from dflash_trt.kv_cache import BatchKVCache, MaskSpec
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.scheduler import Scheduler, SchedulerLimits
-from dflash_trt.target import TargetModel
+from dflash_trt.decoding.model.kv_cache import BatchKVCache, MaskSpec
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 HEADS, DIM, LAYERS = 2, 3, 2
@@ -215,7 +215,7 @@ def test_grouped_sdpa_attends_as_hugging_faces_sdpa_without_repeating_heads(num_
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from dflash_trt.kv_cache import grouped_sdpa
+    from dflash_trt.decoding.model.kv_cache import grouped_sdpa
 
     cache = make_cache([3, 9, 5], spec=BOOL)
     mask = cache.prepare(num_new)

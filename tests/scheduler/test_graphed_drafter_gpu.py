@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import MAX_NEW_TOKENS
-from dflash_trt.decoding import generate
-from dflash_trt.graphed_drafter import GraphedDrafter
-from dflash_trt.graphed_verifier import GraphedVerifier
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.target import TargetModel
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
+from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 from joining_run import ORDER, context_sensitive, run_joining
 

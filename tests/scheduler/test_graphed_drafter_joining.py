@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trt.graphed_drafter import DraftStep, GraphedDrafter, StaticDraftCache
-from dflash_trt.graphed_verifier import GraphedVerifier
+from dflash_trt.decoding.model.graphs.drafter import DraftStep, GraphedDrafter, StaticDraftCache
+from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 from dflash_trt.testing import make_tiny_drafter, tiny_target_config
 from host_reads import HostReads
 from joining_run import ABORT, ORDER, budget, context_sensitive, run_joining
@@ -105,9 +105,9 @@ def test_with_the_static_verify_too_the_tokens_and_drafts_are_the_same(pair, pla
 def test_a_static_draft_step_reads_no_tensor_on_the_host_with_the_kernels_op(monkeypatch):
     """What a CUDA graph captures: the drafter's forward over a DraftStep, with the attention the op the CUDA
     kernels implement (here its C++ CPU twin). PyTorch's reference attention does read lengths on the host."""
-    from dflash_trt import attention
-    from dflash_trt.plugin import torch_op
-    from dflash_trt.plugin.library import load_library
+    from dflash_trt.decoding.kernels import attention
+    from dflash_trt.decoding.kernels.plugin import torch_op
+    from dflash_trt.decoding.kernels.plugin.library import load_library
 
     load_library()
     drafter = make_tiny_drafter(tiny_target_config("llama", hidden_size=256), block_size=8, num_layers=2, seed=4)

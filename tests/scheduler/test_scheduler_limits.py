@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import oracle_for
-from dflash_trt.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
 from dflash_trt.errors import DFlashError
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 
 
 def _collect(outputs, tokens, finals):
@@ -125,8 +125,8 @@ def test_long_prompt_prefills_in_bounded_chunks_while_others_keep_streaming(pair
 
 
 def test_a_drafter_exported_for_one_block_size_only_drafts_that_size(pair):
-    from dflash_trt.block_policy import AdaptiveBlockSize
-    from dflash_trt.scheduler import allowed_block_sizes
+    from dflash_trt.decoding.scheduler.block_policy import AdaptiveBlockSize
+    from dflash_trt.decoding.scheduler.scheduler import allowed_block_sizes
 
     target, drafter, prompts, references = pair
     static = oracle_for(pair, 8, [0, 1, 2])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_trt.bench import PromptRecord
+from dflash_trt.benchmarks.in_process import PromptRecord
 from dflash_trt.benchmarks.batching_check import (CheckRequest, Expected, Served, compare, first_difference,
                                                   make_requests)
 from dflash_trt.cli import main

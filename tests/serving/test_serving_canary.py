@@ -24,7 +24,7 @@ BLOCK_SIZE = 8
 
 @pytest.fixture(scope="session")
 def canary_pair(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
-    from dflash_trt.drafter import save_drafter
+    from dflash_trt.decoding.model.drafters import save_drafter
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
     root = tmp_path_factory.mktemp("canary-pair")
@@ -43,8 +43,8 @@ def canary_pair(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
 
 
 def runtime_for(pair: Path, drafter: str | None, block_size: int = BLOCK_SIZE) -> LocalRuntime:
-    from dflash_trt.drafter import load_drafter
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
 
     return LocalRuntime(load_target(pair / "target"), load_drafter(pair / drafter) if drafter else None, block_size)
 
@@ -125,8 +125,8 @@ def test_tritonserver_log_and_metrics_show_a_useless_drafter(canary_pair, tmp_pa
 
 def test_a_target_without_a_tokenizer_still_gets_its_canary(tmp_path):
     # Such a target takes token ids only (no invented vocabulary): the canary runs on fixed ids, not text.
-    from dflash_trt.drafter import save_drafter
-    from dflash_trt.target import load_target
+    from dflash_trt.decoding.model.drafters import save_drafter
+    from dflash_trt.decoding.model.target import load_target
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
     model = make_tiny_target("qwen3")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dflash_trt.commands.demo import DEMO_DRAFTER
+from dflash_trt.data.demo import DEMO_DRAFTER
 from dflash_trt.serving.demo import served_answer, tau_from_totals
 
 

@@ -43,7 +43,7 @@ def make_predictable(target, drafter) -> None:
 
 @pytest.fixture(scope="module", params=["random", "predictable"])
 def dflash2_engine(request, tmp_path_factory, smollm2_tokenizer_dir):
-    from dflash_trt.drafters import save_drafter
+    from dflash_trt.decoding.model.drafters import save_drafter
     from dflash_trt.engine.build import BuildRequest, build_engine
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 

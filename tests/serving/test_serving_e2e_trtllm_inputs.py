@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from dflash_trt.decoding import generate as decode
+from dflash_trt.decoding.api import generate as decode
 from dflash_trt.serving.client import RequestFailed, generate
 from dflash_trt.serving.detokenize import decode as detokenize
 from dflash_trt.serving.requests import GenerationRequest

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dflash_trt.drafter import load_drafter
+from dflash_trt.decoding.model.drafters import load_drafter
 from dflash_trt.testing import make_tiny_target
 from dflash_trt.training.features import target_features
 from dflash_trt.training.trainer import Trainer, TrainConfig, use_bf16
@@ -137,7 +137,7 @@ def test_samples_that_appear_while_training_are_picked_up_next(tmp_path):
 
 
 def test_dflash2_training_starts_as_dflash_and_learns(tmp_path):
-    from dflash_trt.drafters import DFlash2Drafter, DFlashDrafter
+    from dflash_trt.decoding.model.drafters import DFlash2Drafter, DFlashDrafter
     from dflash_trt.training.recipe import build_batch, drafter_block_states
 
     model = make_tiny_target("llama")
@@ -186,7 +186,7 @@ def test_family_repeats_weight_an_epoch_and_unknown_families_are_refused(tmp_pat
 
 
 def test_a_dflash2_run_warm_starts_from_a_v1_drafter_exactly_where_it_is(tmp_path):
-    from dflash_trt.drafters import DFlash2Drafter
+    from dflash_trt.decoding.model.drafters import DFlash2Drafter
     from dflash_trt.errors import ConfigError
     from dflash_trt.training.recipe import build_batch, drafter_block_states
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from ..resolve import ResolvedCheckpoint
+from dflash_trt.engine.resolve import ResolvedCheckpoint
 
 COPY_LIMIT_BYTES = 1 << 30  # drafters below this are copied into the engine
 
@@ -42,7 +42,7 @@ def place_drafter(drafter: ResolvedCheckpoint, out: Path, log: Callable[[str], N
 def _convert_gguf(gguf: Path, out: Path, dtype: str) -> None:
     import torch
 
-    from ...target import load_target
+    from dflash_trt.decoding.model.target import load_target
 
     target = load_target(gguf, dtype=getattr(torch, dtype))
     tmp = out.with_name(out.name + ".tmp")

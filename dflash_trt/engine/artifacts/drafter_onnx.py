@@ -1,7 +1,7 @@
 """The onnx and tensorrt runtimes' drafter: an ONNX graph with the DFlashAttention plugin node, and the
 TensorRT engine compiled from it with the project's plugin library.
 
-The exporter belongs to the plugin package: `dflash_trt.plugin.export.export_drafter_onnx(drafter_dir,
+The exporter belongs to the plugin package: `dflash_trt.decoding.model.exported.export.export_drafter_onnx(drafter_dir,
 out_path)`. Until it exists the step fails with one line and the rest of the engine is still built.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ...config import DrafterConfig
-from ...errors import DFlashError
-from ..needs import StepUnavailable, trtexec_path
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.errors import DFlashError
+from dflash_trt.engine.needs import StepUnavailable, trtexec_path
 
 ONNX_NAME = "drafter.onnx"
 PLAN_NAME = "drafter.plan"
@@ -37,9 +37,9 @@ def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32", runtime: s
     import torch
 
     try:
-        from ...plugin.export import export_drafter_onnx
+        from dflash_trt.decoding.model.exported.export import export_drafter_onnx
     except ImportError:
-        raise StepUnavailable("drafter-onnx", "the drafter ONNX exporter (dflash_trt.plugin.export), which is not "
+        raise StepUnavailable("drafter-onnx", "the drafter ONNX exporter (dflash_trt.decoding.model.exported.export), which is not "
                               "yet available in this version", "build with --runtime torch meanwhile") from None
     export_drafter_onnx(drafter_dir, out, dtype=getattr(torch, export_dtype(dtype, runtime)))
     if not out.is_file():
@@ -48,7 +48,7 @@ def export_onnx(drafter_dir: Path, out: Path, dtype: str = "float32", runtime: s
 
 
 def plugin_library() -> Path:
-    from ...plugin import build
+    from dflash_trt.decoding.kernels.plugin import build
 
     return build.library_path(getattr(build, "TRT_TARGET", TRT_PLUGIN_TARGET))
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...config import DrafterConfig
-from ...errors import ConfigError
-from ..arch import TargetArch
-from ..needs import StepUnavailable, has_module
-from ..moe import BLACKWELL, resolve_moe
-from ..presets import Preset
-from ..recipes import apply_profile, profile_sources
-from .trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.errors import ConfigError
+from dflash_trt.engine.arch import TargetArch
+from dflash_trt.engine.needs import StepUnavailable, has_module
+from dflash_trt.engine.moe import BLACKWELL, resolve_moe
+from dflash_trt.engine.presets import Preset
+from dflash_trt.engine.recipes import apply_profile, profile_sources
+from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
 
@@ -89,7 +89,7 @@ def check_with_trtllm(options: dict[str, Any], target: Path) -> str:
     import tensorrt_llm
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
-    from ...deploy.plan import version_key
+    from dflash_trt.engine.versions import version_key
 
     if version_key(tensorrt_llm.__version__) < version_key(MIN_TRTLLM_VERSION):
         raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} has no DFlash: it needs >= {MIN_TRTLLM_VERSION}")

@@ -4,7 +4,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.serving import canary, dflash_service, requests, triton_io
 from dflash_trt.serving.metrics import DFlashMetrics
-from dflash_trt.scheduler import SchedulerLimits
+from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
 from dflash_trt.serving.runtime import default_num_threads, open_runtime
 
 
@@ -15,7 +15,7 @@ class TritonPythonModel:
     top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
     exclude_input_in_output BOOL, min_tokens INT32, bad_words STRING [-1] (tokenized with the target's
     tokenizer), repetition_penalty FP32, presence_penalty FP32, frequency_penalty FP32 (all [1] unless noted;
-    dflash_trt/logits_processors.py).
+    dflash_trt/decoding/step/logits_processors.py).
     Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
     num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
     total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1],
@@ -27,7 +27,7 @@ class TritonPythonModel:
     device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = the usable cores divided among the
     instances), block_size (0 = the engine's, 1 = plain decoding), block_policy ("adaptive" or "fixed"),
     max_batch_sequences, max_kv_tokens, prefill_chunk_tokens (the in-flight batch of each instance;
-    see dflash_trt/scheduler.py), canary_tokens (length of the load-time canary generation whose acceptance
+    see dflash_trt/decoding/scheduler/scheduler.py), canary_tokens (length of the load-time canary generation whose acceptance
     is logged and exported, see dflash_trt/serving/canary.py; 0 = off). Every request Triton hands to one
     execute joins the batch.
     Metrics: dflash_* (see dflash_trt/serving/metrics.py), labelled with the model name.

@@ -1,0 +1,1 @@
+"""CUDA-graph twins of the target's verify forward and the drafter's forward, on static caches."""

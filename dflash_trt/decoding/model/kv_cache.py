@@ -1,0 +1,243 @@
+"""The target's KV cache of a decoding batch: preallocated, rows left-aligned, written in place.
+
+Slot s of row b holds position s of that row's request: rows are left-aligned with no padding, and row b
+is valid below lengths[b]. A verify forward writes each row's block at its own length, in place, and
+acceptance then only sets the lengths (the rejected slots become stale and are overwritten next step), so
+no row is ever shifted and nothing is concatenated. Because slot == position in every row, the causal
+and sliding-window masks are functions of (lengths, slot): `prepare` builds them once per forward as
+explicit 4D masks (a {layer type: mask} mapping for targets with sliding-window layers), which Hugging
+Face models take as they are.
+
+Per layer, keys and values live in buffers [rows, heads, capacity, head_dim] of the model's dtype and
+device. Capacity grows geometrically when a row needs more, never past `capacity_limit` (the longest
+reservation of the rows, which the scheduler's max_kv_tokens bounds), so a step costs a write of the new
+tokens, not a copy of the cache. Leaving rows are replaced by moving the rows behind them; newcomers are
+written into spare rows when there is room. Every method runs in inference mode (the buffers are
+inference tensors, like the prefill's). Buffers start zeroed, so stale slots always hold finite
+values, which the masks then exclude exactly.
+
+The object speaks the part of Hugging Face's Cache protocol that decoder layers use (`update`,
+`get_seq_length`). Forwards over it run sdpa targets through `grouped_sdpa` (the GROUPED_SDPA attention
+implementation): Hugging Face's sdpa repeats every key/value head for grouped-query attention whenever a
+mask is given (a copy of the whole cache per layer and step); grouped_sdpa folds the query heads of each
+key/value head into rows of one attention instead, which reads the cache in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.errors import CompatibilityError
+
+# Attention implementations whose masks `prepare` can build: boolean (True = attend) or additive floats.
+MASK_FORMATS = {"sdpa": "bool", "eager": "additive"}
+GROUPED_SDPA = "dflash_grouped_sdpa"
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                 **kwargs):
+    """torch SDPA over query heads [B, Hq, T, D] and key/value heads [B, Hkv, W, D] (Hq a multiple of Hkv),
+    with the explicit mask of BatchKVCache.prepare: the same attention as Hugging Face's sdpa, without
+    materializing repeated key/value heads."""
+    batch, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    if attention_mask is not None and groups > 1 and attention_mask.shape[1] == 1:
+        # The query heads of one key/value head become rows of one attention (head j*groups + g is row
+        # g*T + t): plain SDPA over the cache views as they are. torch's GQA path copies strided keys and
+        # values on CPU, which cost as much as the attention itself in batched decoding.
+        rows = query.reshape(batch, key.shape[1], groups * length, dim)
+        mask = attention_mask.unsqueeze(2).expand(-1, -1, groups, -1, -1).reshape(batch, 1, groups * length, -1)
+        out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, dropout_p=dropout,
+                                                               scale=scaling)
+        return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+    causal = attention_mask is None and length > 1 and is_causal is not False
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=causal,
+                                                           enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_grouped_sdpa() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """How a target's attention masks look: sliding window of its sliding layers (None: none), whether
+    the masks go as a {layer type: mask} mapping, boolean or additive, and the model's dtype."""
+
+    sliding_window: int | None
+    as_mapping: bool
+    additive: bool
+    dtype: torch.dtype
+
+    @classmethod
+    def from_config(cls, config, dtype: torch.dtype) -> "MaskSpec":
+        implementation = getattr(config, "_attn_implementation", None) or "eager"
+        if implementation not in MASK_FORMATS:
+            raise CompatibilityError(f"batched decoding builds attention masks for {' and '.join(MASK_FORMATS)} "
+                                     f"attention, not {implementation!r}")
+        layer_types = list(getattr(config, "layer_types", None) or [])
+        sliding = "sliding_attention" in layer_types
+        window = getattr(config, "sliding_window", None) if sliding else None
+        if sliding and not window:
+            raise CompatibilityError("the target has sliding-attention layers but no sliding_window")
+        return cls(window, sliding, MASK_FORMATS[implementation] == "additive", dtype)
+
+
+class BatchKVCache:
+    """Per-layer KV buffers of a batch, row b valid below lengths[b] (module docstring)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor, spec: MaskSpec,
+                 capacity_limit: int):
+        self.keys, self.values = keys, values  # [rows allocated, H, capacity, D] each
+        self.lengths = lengths  # [B] long, on the buffers' device
+        self.spec, self.capacity_limit = spec, capacity_limit
+        self._write_index: torch.Tensor | None = None  # [B, T] slots of the tokens of the forward in progress
+        self._view_width = 0
+
+    @classmethod
+    @torch.inference_mode()
+    def from_left_padded(cls, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor,
+                         spec: MaskSpec, capacity_limit: int) -> "BatchKVCache":
+        """Take over a prefill's layers [B, H, W, D], whose row b holds its lengths[b] tokens at the end
+        (left padding), realigned to the left."""
+        width = keys[0].shape[2] if keys else 0
+        capacity = min(max(capacity_limit, width), max(2 * width, 1))
+        pad = width - lengths
+        source = (torch.arange(width, device=lengths.device)[None, :] + pad[:, None]).clamp(max=max(width - 1, 0))
+
+        def realign(tensor: torch.Tensor) -> torch.Tensor:
+            buffer = tensor.new_zeros(tensor.shape[0], tensor.shape[1], capacity, tensor.shape[3])
+            index = source[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+            buffer[:, :, :width] = torch.gather(tensor, 2, index)
+            return buffer
+
+        return cls([realign(k) for k in keys], [realign(v) for v in values], lengths.clone(), spec, capacity_limit)
+
+    def __len__(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @property
+    def allocated_rows(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
+    def width(self) -> int:
+        """Slots in use: the longest row."""
+        return int(self.lengths.max()) if len(self) else 0
+
+    # -- a forward ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prepare(self, num_new: int):
+        """Get ready for a forward over num_new tokens per row (row b's at positions lengths[b] + t); returns
+        the attention masks to pass as the model's attention_mask."""
+        device = self.lengths.device
+        width = self.width + num_new
+        self._ensure_capacity(width)
+        query = self.lengths[:, None] + torch.arange(num_new, device=device)[None, :]  # [B, T] = positions
+        slots = torch.arange(width, device=device)
+        distance = query[:, :, None] - slots[None, None, :]  # [B, T, W]
+        masks = {"full_attention": distance >= 0}
+        if self.spec.sliding_window is not None:
+            masks["sliding_attention"] = (distance >= 0) & (distance < self.spec.sliding_window)
+        masks = {kind: self._format(mask) for kind, mask in masks.items()}
+        self._write_index, self._view_width = query, width
+        return masks if self.spec.as_mapping else masks["full_attention"]
+
+    def _format(self, allowed: torch.Tensor) -> torch.Tensor:
+        allowed = allowed[:, None]  # [B, 1, T, W]: the same for every head
+        if not self.spec.additive:
+            return allowed
+        zero = torch.zeros((), dtype=self.spec.dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(self.spec.dtype).min)
+
+    @torch.inference_mode()
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs=None):
+        """Write the new tokens [B, H, T, D] of a layer at each row's slots; returns that layer's keys and
+        values up to the forward's width (views of the buffers, no copy)."""
+        if self._write_index is None or key_states.shape[2] != self._write_index.shape[1]:
+            raise RuntimeError("BatchKVCache.prepare must announce each forward's tokens")  # internal invariant
+        rows = self._write_index.shape[0]  # the batch's rows (StaticKVCache: its bucket, spare rows included)
+        index = self._write_index[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        keys, values = self.keys[layer_idx][:rows], self.values[layer_idx][:rows]
+        keys.scatter_(2, index, key_states.to(keys.dtype))
+        values.scatter_(2, index, value_states.to(values.dtype))
+        return keys[:, :, :self._view_width], values[:, :, :self._view_width]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.width
+
+    def set_lengths(self, lengths: torch.Tensor) -> None:
+        """After a forward: row b keeps its first lengths[b] slots (the accepted part of its block)."""
+        self.lengths = lengths.to(self.lengths.device)
+        self._write_index = None
+
+    # -- reshaping the batch --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def select(self, rows: list[int]) -> None:
+        """Keep only `rows`, in that order: rows that change place are moved, the others stay."""
+        moved = [i for i, row in enumerate(rows) if row != i]
+        width = self.width
+        if moved and width:
+            device = self.lengths.device
+            target = torch.tensor(moved, device=device)
+            source = torch.tensor([rows[i] for i in moved], device=device)
+            for buffer in self.keys + self.values:
+                buffer[target, :, :width] = buffer[source, :, :width]  # the source is read before writing
+        self.lengths = self.lengths[torch.tensor(rows, dtype=torch.long, device=self.lengths.device)]
+        self._write_index = None
+
+    @torch.inference_mode()
+    def release(self, capacity_limit: int) -> None:
+        """Lower the capacity limit to what the remaining rows reserve; memory no row can use any more is
+        given back (rows allocated beyond twice the batch, capacity beyond the limit)."""
+        self.capacity_limit = capacity_limit
+        rows = len(self)
+        if self.allocated_rows > 2 * rows or self.capacity > max(capacity_limit, self.width):
+            self._reallocate(rows, max(min(self.capacity, capacity_limit), self.width))
+
+    @torch.inference_mode()
+    def merge(self, other: "BatchKVCache") -> None:
+        """Append the rows of `other` after this cache's rows."""
+        if other.num_layers != self.num_layers:
+            raise RuntimeError("caches of different layer counts cannot merge")  # internal invariant
+        mine, theirs = len(self), len(other)
+        self.capacity_limit = max(self.capacity_limit, other.capacity_limit)
+        width = other.width
+        if self.allocated_rows < mine + theirs or self.capacity < width:
+            self._reallocate(mine + theirs, max(self.capacity, width))
+        for buffer, source in zip(self.keys + self.values, other.keys + other.values):
+            buffer[mine:mine + theirs, :, :width] = source[:theirs, :, :width]
+        self.lengths = torch.cat((self.lengths, other.lengths.to(self.lengths.device)))
+        self._write_index = None
+
+    def _ensure_capacity(self, width: int) -> None:
+        if width > self.capacity:
+            grown = max(width, min(2 * self.capacity, self.capacity_limit))
+            self._reallocate(self.allocated_rows, grown)
+
+    def _reallocate(self, rows: int, capacity: int) -> None:
+        keep_rows, keep_width = min(len(self), rows), min(self.width, capacity)
+
+        def moved(buffer: torch.Tensor) -> torch.Tensor:
+            fresh = buffer.new_zeros(rows, buffer.shape[1], capacity, buffer.shape[3])
+            fresh[:keep_rows, :, :keep_width] = buffer[:keep_rows, :, :keep_width]
+            return fresh
+
+        self.keys = [moved(k) for k in self.keys]
+        self.values = [moved(v) for v in self.values]

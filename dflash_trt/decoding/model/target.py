@@ -1,0 +1,223 @@
+"""Adapter over a Hugging Face causal LM: prefill/verify with its KV cache and layer features.
+
+The feature of target layer l is the residual stream at the OUTPUT of decoder layer l (before the final
+norm), i.e. Hugging Face's hidden_states[l + 1]. It is captured with forward hooks on the decoder layers
+rather than output_hidden_states, so only the layers the drafter reads are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.kernels.cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
+from dflash_trt.errors import CompatibilityError, ConfigError
+from dflash_trt.decoding.model.kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
+from dflash_trt.decoding.model.graphs.static_kv_cache import StaticKVCache
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B,T,V] fp32 (T = 1 when only the last position was asked for)
+    features: torch.Tensor | None  # [B,T,K*D], target layers concatenated in order
+
+
+class TargetModel:
+    """A frozen target model, plus its tokenizer when one is available."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, source: str = "target"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.source = source
+        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.layers = _decoder_layers(model, source)
+        self._draft_head: nn.Module | None = None
+        register_grouped_sdpa()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def max_context(self) -> int | None:
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(token_ids)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output-head logits of drafter states: the target's head, or its bf16 copy (use_bf16_draft_head)."""
+        return self.lm_head(hidden) if self._draft_head is None else self._draft_head(hidden)
+
+    def use_bf16_draft_head(self) -> bool:
+        """Draft through a bf16 copy of the output head where the CPU computes bf16 natively.
+
+        Lossless: drafts are only proposals that the (unchanged) target verifies. Returns whether it applies.
+        """
+        head = self.model.get_output_embeddings()
+        if (head is None or getattr(head, "bias", None) is not None or head.weight.device.type != "cpu"
+                or head.weight.dtype != torch.float32 or not bf16_packing_available()):
+            return False
+        self._draft_head = BF16Head(head.weight)
+        return True
+
+    def new_cache(self):
+        # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill uses
+        # it (the model builds its masks from a 2D padding mask), then batch_cache takes it over.
+        from transformers import DynamicCache
+        return DynamicCache()
+
+    def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int,
+                    cache_type: type[BatchKVCache] = BatchKVCache) -> BatchKVCache:
+        """The decoding cache of a prefilled group: rows of `prefill_cache` (a cache from new_cache, rows
+        left-padded to a common width, row b holding lengths[b] tokens) realigned to the left, with room to
+        grow up to capacity_limit slots per row. cache_type: BatchKVCache, or StaticKVCache (GraphedVerifier)."""
+        spec = MaskSpec.from_config(self.config, self.model.get_input_embeddings().weight.dtype)
+        keys = [layer.keys for layer in prefill_cache.layers]
+        values = [layer.values for layer in prefill_cache.layers]
+        return cache_type.from_left_padded(keys, values, lengths, spec, capacity_limit)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache, feature_layer_ids: Sequence[int] = (), last_only: bool = False) -> TargetOutput:
+        """Run the target on new tokens [B,T] at position_ids [B,T].
+
+        With a cache from new_cache, attention_mask [B, cached + T] marks the valid cache slots (0 = left
+        padding); with a BatchKVCache, it is what the cache's `prepare(T)` returned.
+        """
+        if isinstance(cache, StaticKVCache):
+            raise RuntimeError("a StaticKVCache is run by GraphedVerifier.forward")  # internal invariant
+        logits, features = self.run_model(token_ids, position_ids, attention_mask, cache, feature_layer_ids,
+                                          last_only)
+        return TargetOutput(logits.float(), features)
+
+    def run_model(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
+                  feature_layer_ids: Sequence[int] = (), last_only: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's forward as `forward` runs it: logits in the model's dtype, and the features. With explicit
+        masks and a batch cache it reads nothing on the host, so a CUDA graph can capture it (graphed_verifier.py).
+        """
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
+        # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only.
+        attention = self.config._attn_implementation
+        grouped = isinstance(cache, BatchKVCache) and attention == "sdpa"
+        try:
+            if grouped:
+                self.config._attn_implementation = GROUPED_SDPA
+            out = self.model(input_ids=token_ids, position_ids=position_ids, attention_mask=attention_mask,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        finally:
+            if grouped:
+                self.config._attn_implementation = attention
+            for hook in hooks:
+                hook.remove()
+        features = torch.cat([captured[i] for i in feature_layer_ids], dim=-1) if feature_layer_ids else None
+        return out.logits, features
+
+    def check_drafter(self, config: DrafterConfig) -> None:
+        """Raise if a drafter with `config` cannot run on this target."""
+        where = f"drafter vs target {self.source}"
+        if config.hidden_size != self.hidden_size:
+            raise CompatibilityError(f"{where}: drafter hidden_size {config.hidden_size} != target hidden_size "
+                                     f"{self.hidden_size}")
+        if config.vocab_size != self.vocab_size:
+            raise CompatibilityError(f"{where}: drafter vocab_size {config.vocab_size} != target vocabulary "
+                                     f"{self.vocab_size}")
+        if not 0 <= config.mask_token_id < self.vocab_size:
+            raise CompatibilityError(f"{where}: mask_token_id {config.mask_token_id} is outside the target "
+                                     f"embedding ({self.vocab_size} rows)")
+        if config.num_target_layers != self.num_layers:
+            raise CompatibilityError(f"{where}: drafter was trained for {config.num_target_layers} target layers, "
+                                     f"target has {self.num_layers}")
+        bad = [i for i in config.target_layer_ids if i >= self.num_layers]
+        if bad:
+            raise CompatibilityError(f"{where}: target_layer_ids {bad} outside the target's {self.num_layers} layers")
+
+
+def _capture(store: dict[int, torch.Tensor], index: int):
+    def hook(_module, _inputs, output):
+        store[index] = output[0] if isinstance(output, tuple) else output
+    return hook
+
+
+def _decoder_layers(model: nn.Module, source: str) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(f"{source}: {type(model).__name__} has no decoder layers at .model.layers")
+    return layers
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu", pack: bool = True) -> TargetModel:
+    """Load a Hugging Face causal LM from a model directory or a .gguf file (dequantized to `dtype`).
+
+    pack: CPU float32 linear layers are packed for oneDNN (cpu_linear.py). Pass False when the model is
+    about to be transformed module by module (ModelOpt quantization replaces nn.Linear by exact type).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    kwargs: dict = {}
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"{path}: GGUF file not found")
+        directory, kwargs["gguf_file"] = path.parent, path.name
+    else:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path}: not a model directory (no config.json)")
+        directory = path
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
+    if pack:
+        pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
+    target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
+    target.use_bf16_draft_head()
+    return target
+
+
+# Files that hold a vocabulary. Without one, transformers 5 still builds a tokenizer for some
+# architectures (an empty Qwen2Tokenizer for Qwen3, whose eos would then be token 0).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether a model directory (or GGUF file, which embeds its vocabulary) ships a tokenizer."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        return path.is_file()
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer shipped with a model directory or GGUF file, or None when it has none:
+    then the model takes and gives token ids only."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not has_tokenizer(path):
+        return None
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,1 @@
+"""In-flight batching: admission, chunked prefill of newcomers, and the per-step block-size policy."""

@@ -1,0 +1,90 @@
+"""Prefill of newcomers, alone or as a small group, in chunks of at most a token budget per step.
+
+A group's prompts are left-padded to a common width in a cache of their own (not the running batch's),
+and its columns are fed to the target a chunk at a time; each chunk sees the cache of the previous ones.
+When the last chunk is in, the group becomes a RunningBatch of its own (its cache realigned to the left,
+target.batch_cache) with the first token of each request chosen, ready to take its first decoding step
+and then to join the running batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dflash_trt.decoding.step import logits_processors
+from dflash_trt.decoding.step.batch import Request, RunningBatch
+from dflash_trt.decoding.step.results import StepOutput
+from dflash_trt.decoding.step.sampling import choose_keyed
+
+
+class PrefillJob:
+    """The prefill of `requests` (one group), advanced by `advance` once per scheduler step."""
+
+    def __init__(self, target, drafter, requests: list[Request], layer_ids):
+        self.target, self.drafter, self.requests, self.layer_ids = target, drafter, requests, layer_ids
+        device = target.device
+        self.lengths = torch.tensor([len(r.prompt) for r in requests], device=device)
+        self.width = int(self.lengths.max())
+        self.pad = self.width - self.lengths
+        self.tokens = torch.zeros(len(requests), self.width, dtype=torch.long, device=device)
+        for row, request in enumerate(requests):
+            self.tokens[row, int(self.pad[row]):] = torch.tensor(request.prompt, device=device)
+        self.mask = torch.arange(self.width, device=device)[None, :] >= self.pad[:, None]
+        self.positions = (torch.cumsum(self.mask.long(), dim=1) - 1).clamp(min=0)
+        self.cache = target.new_cache()
+        self.done_columns = 0
+        self._features: list[torch.Tensor] = []
+        self._last_logits: torch.Tensor | None = None
+        self.elapsed_s = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens (padding included) one forward over every column would compute."""
+        return len(self.requests) * self.width
+
+    @property
+    def is_done(self) -> bool:
+        return self.done_columns == self.width
+
+    @torch.inference_mode()
+    def advance(self, token_budget: int | None) -> None:
+        """Feed the next chunk of columns: at most token_budget tokens over the group (None: all)."""
+        start_time = time.perf_counter()
+        step = self.width if token_budget is None else max(1, token_budget // len(self.requests))
+        start, end = self.done_columns, min(self.width, self.done_columns + step)
+        out = self.target.forward(self.tokens[:, start:end], self.positions[:, start:end],
+                                  self.mask[:, :end].long(), self.cache, self.layer_ids, last_only=True)
+        if out.features is not None:
+            self._features.append(out.features)
+        self.done_columns = end
+        if self.is_done:
+            self._last_logits = out.logits[:, -1]
+        self.elapsed_s += time.perf_counter() - start_time
+
+    def finish(self, capacity: int) -> tuple[RunningBatch, list[StepOutput]]:
+        """The prefilled group as a batch, with each request's first token committed; capacity: KV slots a row
+        may need at most (the longest reservation), for the target's and the drafter's caches."""
+        first_tokens = torch.zeros(len(self.requests), dtype=torch.long, device=self.mask.device)
+        outputs = []
+        for row, request in enumerate(self.requests):
+            logits = self._last_logits[row:row + 1]
+            if request.params.has_logits_processors:  # the first token follows the prompt alone
+                logits = logits_processors.process(logits, request.params, request.prompt, 0)
+            first = int(choose_keyed(logits, request.params, request.seed, 0)[0])
+            first_tokens[row] = first
+            request.result.prefill_s = self.elapsed_s
+            if not request.is_finished:  # a request aborted during its prefill gets no token
+                outputs.append(request.step_output(request.commit([first]), None))
+        features = None
+        if self._features:
+            # Left padding -> left-aligned context rows (row i of request b = prompt position i).
+            padded = torch.cat(self._features, dim=1)
+            index = (torch.arange(self.width, device=self.pad.device)[None, :] + self.pad[:, None]).clamp(
+                max=self.width - 1)
+            features = torch.gather(padded, 1, index[:, :, None].expand(-1, -1, padded.shape[2]))
+        draft_cache = self.drafter.new_cache(len(self.requests), capacity) if self.drafter else None
+        cache = self.target.batch_cache(self.cache, self.lengths, capacity)
+        batch = RunningBatch(list(self.requests), cache, first_tokens, features, self.lengths.clone(), draft_cache)
+        return batch, outputs

@@ -1,0 +1,232 @@
+"""In-flight batching: requests join and leave one running decoding batch between steps.
+
+    scheduler = Scheduler(target, drafter)
+    rid = scheduler.add_request(prompt_ids, SamplingParams(max_new_tokens=64))
+    while scheduler.has_unfinished:
+        for out in scheduler.step():      # StepOutput: out.index is the request id
+            ...
+    scheduler.abort(rid)                  # leaves the batch before the next step
+
+One `step()`: finished and aborted rows leave the running batch (their memory is released); the running
+batch takes one decoding step (decoding.decode_step) with the block size the policy picks for its size;
+then the prefill of waiting requests advances by one chunk of at most `prefill_chunk_tokens` tokens, so a
+long prompt stalls the running streams by a bounded amount per step. A prefilled group takes its first
+decoding step on its own (so the drafter takes in its prompt without widening the whole batch) and then
+joins the running batch. Requests are admitted in arrival order while the batch has fewer than
+`max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays within
+`max_kv_tokens`, which bounds the KV cache of target and drafter under any load.
+
+Every request gets the tokens it gets alone: rows never see each other (masking, per-row positions), and
+sampled requests draw from their own position-keyed stream (sampling.choose_keyed), so neither the batch
+nor the block size changes what they emit. Not thread-safe: one thread drives a scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from dflash_trt.decoding.step.batch import Request, RunningBatch
+from dflash_trt.decoding.scheduler.block_policy import AdaptiveBlockSize, BlockSizePolicy
+from dflash_trt.decoding.step.step import FEATURE_BACKLOG, absorb_context, decode_step, resolve_block_size
+from dflash_trt.errors import DFlashError
+from dflash_trt.decoding.scheduler.prefill import PrefillJob
+from dflash_trt.decoding.step.results import StepOutput
+from dflash_trt.decoding.step.sampling import SamplingParams
+
+
+def allowed_block_sizes(drafter, max_block_size: int) -> list[int]:
+    """Block sizes a step may verify: 1..max, or 1 and the one block size a drafter was exported for."""
+    static = drafter.static_block_size if drafter is not None else None
+    if static is None:
+        return list(range(1, max_block_size + 1))
+    if max_block_size not in (1, static):
+        raise DFlashError(f"the drafter was exported for block size {static}; it cannot draft blocks of "
+                          f"{max_block_size}")
+    return sorted({1, max_block_size})
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """max_batch_size: rows decoding together; max_kv_tokens: bound on rows x longest reservation (None:
+    unbounded); prefill_chunk_tokens: prompt tokens prefilled per step (None: a whole group at once)."""
+
+    max_batch_size: int = 16
+    max_kv_tokens: int | None = 65536
+    prefill_chunk_tokens: int | None = 512
+
+    def __post_init__(self):
+        if self.max_batch_size < 1:
+            raise DFlashError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        for name in ("max_kv_tokens", "prefill_chunk_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise DFlashError(f"{name} must be >= 1, got {value}")
+
+
+class Scheduler:
+    """A running batch that requests join and leave between decoding steps (module docstring)."""
+
+    def __init__(self, target, drafter=None, block_size: int | None = None, limits: SchedulerLimits | None = None,
+                 policy: BlockSizePolicy | None = None):
+        self.target = target
+        self.max_block_size = resolve_block_size(drafter, block_size)
+        self.drafter = drafter if self.max_block_size > 1 else None
+        if self.drafter is not None:
+            target.check_drafter(drafter.config)
+        self.layer_ids = tuple(drafter.config.target_layer_ids) if self.drafter is not None else ()
+        self.limits = limits or SchedulerLimits()
+        self.block_sizes = allowed_block_sizes(self.drafter, self.max_block_size)
+        self.policy = policy or AdaptiveBlockSize(self.max_block_size, sizes=self.block_sizes)
+        if self.policy.max_block_size > self.max_block_size:
+            raise DFlashError(f"policy block size {self.policy.max_block_size} exceeds {self.max_block_size}")
+        self.waiting: deque[Request] = deque()
+        self.prefill: PrefillJob | None = None
+        self.running: RunningBatch | None = None
+        self._requests: dict[Hashable, Request] = {}
+        self._aborted: list[StepOutput] = []
+        self._ids = itertools.count()
+
+    # -- the API --------------------------------------------------------------------------------------
+    def add_request(self, prompt: Sequence[int], params: SamplingParams, request_id: Hashable | None = None
+                    ) -> Hashable:
+        """Queue a request; it joins the running batch within the next steps. Returns its id.
+
+        Raises DFlashError (and queues nothing) for an empty prompt, a context the target cannot hold, or
+        one that alone exceeds max_kv_tokens."""
+        request_id = next(self._ids) if request_id is None else request_id
+        if request_id in self._requests:
+            raise DFlashError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt, params, self.max_block_size)
+        limit = self.target.max_context
+        if limit and request.reserved_tokens > limit:
+            raise DFlashError(f"prompt {request_id}: {len(request.prompt)} prompt tokens + max_new_tokens "
+                              f"{params.max_new_tokens} + block {self.max_block_size} exceed the target's context "
+                              f"of {limit} tokens")
+        if self.limits.max_kv_tokens is not None and request.reserved_tokens > self.limits.max_kv_tokens:
+            raise DFlashError(f"prompt {request_id}: {request.reserved_tokens} KV slots needed exceed max_kv_tokens "
+                              f"{self.limits.max_kv_tokens}")
+        self._requests[request_id] = request
+        self.waiting.append(request)
+        return request_id
+
+    def abort(self, request_id: Hashable) -> bool:
+        """Stop a request: it leaves at the start of the next step, which reports it final ("cancelled")."""
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        request.finish("cancelled")
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self._aborted.append(request.step_output([], None))
+        return True
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) if self.running is not None else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + (len(self.prefill.requests) if self.prefill is not None else 0)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests not finished yet (running, being prefilled, or waiting)."""
+        return len(self._requests)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._aborted)
+
+    @property
+    def is_full(self) -> bool:
+        """No room for one more request in the batch (callers hold new requests back)."""
+        return self.num_requests >= self.limits.max_batch_size
+
+    def step(self) -> list[StepOutput]:
+        """One scheduling iteration (module docstring); returns what every request committed."""
+        outputs, self._aborted = self._aborted, []
+        self._leave()
+        if self.running is not None:
+            outputs += self._decode(self.running)
+            self._leave()
+        self._admit()
+        if self.prefill is not None:
+            outputs += self._advance_prefill()
+        for out in outputs:
+            if out.is_final:
+                self._requests.pop(out.index, None)
+        return outputs
+
+    # -- the pieces of a step -------------------------------------------------------------------------
+    def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
+        block_size = self.policy.choose(len(batch)) if self.drafter is not None else 1
+        if first and self.drafter is not None:
+            block_size = max(block_size, 2)  # the drafter takes in the prompt while the group is alone
+        if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
+            # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
+            block_size = max(1, min(block_size, max(r.remaining for r in batch.requests) + 1))
+        else:
+            block_size = block_size if block_size in self.block_sizes else self.max_block_size
+        start = time.perf_counter()
+        report = decode_step(self.target, self.drafter, batch, block_size, self.layer_ids)
+        if not first:
+            self.policy.observe(len(batch), block_size, time.perf_counter() - start, report.accepted)
+        return report.outputs
+
+    def _leave(self) -> None:
+        if self.running is not None:
+            self.running.drop_finished()
+            if not self.running.requests:
+                self.running = None
+
+    def _admit(self) -> None:
+        """Form the next prefill group from the head of the queue, within the limits."""
+        if self.prefill is not None or not self.waiting:
+            return
+        rows = list(self.running.requests) if self.running is not None else []
+        budget, group = self.limits.prefill_chunk_tokens, []
+        while self.waiting:
+            head = self.waiting[0]
+            size = len(rows) + len(group) + 1
+            if size > self.limits.max_batch_size:
+                break
+            longest = max(r.reserved_tokens for r in rows + group + [head])
+            if self.limits.max_kv_tokens is not None and size * longest > self.limits.max_kv_tokens:
+                break
+            width = max(len(r.prompt) for r in group + [head])
+            if group and budget is not None and (len(group) + 1) * width > budget:
+                break
+            group.append(self.waiting.popleft())
+            if budget is not None and len(head.prompt) >= budget:
+                break  # a long prompt is prefilled alone, a chunk per step
+        if group:
+            self.prefill = PrefillJob(self.target, self.drafter, group, self.layer_ids)
+
+    def _advance_prefill(self) -> list[StepOutput]:
+        job = self.prefill
+        if all(r.is_finished for r in job.requests):  # every request of the group was aborted
+            self.prefill = None
+            return []
+        job.advance(self.limits.prefill_chunk_tokens)
+        if not job.is_done:
+            return []
+        self.prefill = None
+        batch, outputs = job.finish(max(r.reserved_tokens for r in job.requests))
+        batch.drop_finished()
+        if batch.requests:
+            # The group's first step runs on its own: its drafter context is a whole prompt wide. It is not
+            # a typical step, so the policy does not learn its cost.
+            outputs += self._decode(batch, first=True)
+            if self.drafter is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
+                absorb_context(self.target, self.drafter, batch)  # a block of 1 left the prompt pending
+            batch.drop_finished()
+        if batch.requests:
+            if self.running is None:
+                self.running = batch
+            else:
+                self.running.merge(batch)
+        return outputs
