@@ -27,6 +27,7 @@ from typing import Callable
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.benchmarks.config import BenchConfig, PROMPTS_DIR
+from dflash_trt.benchmarks.workers import StreamSlot, run_workers
 
 REFERENCES = ("dflash", "plain")
 NO_LIMIT = 1 << 30  # the reference refuses nothing; the server applies its own limits
@@ -136,32 +137,24 @@ def serve_requests(open_stream: Callable, requests: list[CheckRequest], concurre
     served: list[Served | None] = [None] * len(requests)
     lock, done = threading.Lock(), [0]
 
-    def worker() -> None:
-        stream = None
+    def work(slot: StreamSlot) -> None:
         while True:
             try:
                 request = todo.get_nowait()
             except queue.Empty:
-                break
+                return
             try:
-                stream = stream or open_stream()
-                result = _one(stream, request, timeout_s)
+                result = _one(slot.get(), request, timeout_s)
             except Exception as error:  # noqa: BLE001 - a failed request is counted, the check goes on
                 result = Served(error=f"{type(error).__name__}: {error}".strip()[:300])
-                _close(stream)
-                stream = None  # a failed stream may still deliver the old request's responses
+                slot.reset()
             with lock:
                 served[request.index] = result
                 done[0] += 1
                 if progress is not None:
                     progress(done[0], len(requests))
-        _close(stream)
 
-    threads = [threading.Thread(target=worker, name=f"check-{i}", daemon=True) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_workers(concurrency, work, open_stream, "check")
     return served  # type: ignore[return-value]
 
 
@@ -172,14 +165,6 @@ def _one(stream, request: CheckRequest, timeout_s: float) -> Served:
         result.num_output_tokens = int(chunk.get("num_output_tokens", result.num_output_tokens))
         result.finish_reason = chunk.get("finish_reason", "") or result.finish_reason
     return result
-
-
-def _close(stream) -> None:
-    if stream is not None:
-        try:
-            stream.close()
-        except Exception:  # noqa: BLE001 - closing a broken stream must not stop the check
-            pass
 
 
 def reference_outputs(engine_dir: Path, requests: list[CheckRequest], chat: bool, reference: str = "dflash",
@@ -235,7 +220,7 @@ def first_difference(tokenizer, token_ids: list[int], text: str) -> int:
 
 def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckReport:
     """Serve (or send to config.url), then generate alone in process, then compare."""
-    from dflash_trt.serving.runtime import tokenizer_for
+    from dflash_trt.serving.tokenizers import tokenizer_for
     from dflash_trt.benchmarks.prompts import heldout_prompts
 
     config.validate()

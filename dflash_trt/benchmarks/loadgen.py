@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from dflash_trt.benchmarks.workers import StreamSlot, run_workers
+
 
 class Stream(Protocol):
     """What a worker needs from a client (dflash_trt.serving.client.GrpcStream)."""
@@ -114,28 +116,19 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
         with lock:
             return next(prompt_cycle)
 
-    def worker() -> None:
-        stream = None
+    def work(slot: StreamSlot) -> None:
         while True:  # every stream measures at least one request, however late a loaded machine starts it
-            if stream is None:
-                stream, record = _open(open_stream, clock)
-            if stream is not None:
-                record = _one_request(stream, next_prompt(), max_tokens, request_timeout_s, clock, params)
+            record = _open(slot, clock)
+            if record is None:
+                record = _one_request(slot.get(), next_prompt(), max_tokens, request_timeout_s, clock, params)
             with lock:
                 records.append(record)
             if not record.ok:
-                # A failed stream may still deliver the old request's responses: start a fresh one.
-                _close(stream)
-                stream = None
+                slot.reset()
             if clock() >= deadline:
                 break
-        _close(stream)
 
-    threads = [threading.Thread(target=worker, name=f"load-{i}", daemon=True) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_workers(concurrency, work, open_stream, "load")
     end = max((r.end_s for r in records), default=clock())
     return LoadLevel(concurrency, end - start, sorted(records, key=lambda r: r.start_s))
 
@@ -161,20 +154,12 @@ def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, c
     return record
 
 
-def _open(open_stream: Callable[[], Stream], clock) -> tuple[Stream | None, RequestRecord | None]:
-    """A new stream, or (None, an error record) when the server cannot be reached."""
+def _open(slot: StreamSlot, clock) -> RequestRecord | None:
+    """None when the slot has a stream (opened now if needed), else an error record: the server cannot be reached."""
     start = clock()
     try:
-        return open_stream(), None
+        slot.get()
+        return None
     except Exception as error:  # noqa: BLE001 - counted like a failed request
         time.sleep(0.5)  # do not spin on a server that is down
-        return None, RequestRecord(start, clock(), error=f"{type(error).__name__}: {error}"[:300])
-
-
-def _close(stream: Stream | None) -> None:
-    if stream is None:
-        return
-    try:
-        stream.close()
-    except Exception:  # noqa: BLE001 - closing a broken stream must not stop the level
-        pass
+        return RequestRecord(start, clock(), error=f"{type(error).__name__}: {error}"[:300])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.engine.versions import version_key  # noqa: F401 (plan.version_key)
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import ConfigError, DFlashError
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 ENGINE_MANIFEST = "manifest.json"
@@ -181,4 +181,7 @@ def serve_steps(
 
 def release_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a version string; pre-releases count as their release ("1.3.0rc11" -> (1, 3))."""
-    return version_key(version)[:2]
+    try:
+        return version_key(version)[:2]
+    except ConfigError as error:
+        raise DeployError(str(error)) from None

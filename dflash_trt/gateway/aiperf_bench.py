@@ -80,7 +80,7 @@ def ensure_aiperf(venv: Path) -> Path:
 
 def tokenizer_cache(engine: Path, hf_home: Path) -> str:
     """Lay the engine's tokenizer out as a cached Hugging Face repository; returns its repo id."""
-    from dflash_trt.serving.runtime import tokenizer_for
+    from dflash_trt.serving.tokenizers import tokenizer_for
 
     entry = hf_home / "hub" / ("models--" + TOKENIZER_REPO.replace("/", "--"))
     snapshot = entry / "snapshots" / "local"

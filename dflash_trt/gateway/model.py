@@ -104,7 +104,7 @@ def wait_for_triton(config: GatewayConfig, log=print):
 
 def load_served_model(config: GatewayConfig, client) -> ServedModel:
     """Read the repository's settings from Triton and load the target's tokenizer."""
-    from dflash_trt.serving.runtime import tokenizer_for
+    from dflash_trt.serving.tokenizers import tokenizer_for
 
     config_json = client.get_model_config(PREPROCESSING, as_json=True)
     params = {k: v.get("string_value", "") for k, v in config_json.get("config", config_json)

@@ -111,7 +111,7 @@ class BatchLoop:
                 self._finish(job, lambda j: j.end())
 
     def _step(self) -> None:
-        from dflash_trt.serving.runtime import step_of
+        from dflash_trt.serving.generation import step_of
 
         try:
             outputs = self.scheduler.step()

@@ -147,3 +147,21 @@ def _final_chunk(request, window, released, released_all, prompt_ids, finish_rea
     # Without exclude_input_in_output the single response decodes prompt + answer, as TensorRT-LLM does.
     prefix = [] if request.exclude_input_in_output else list(prompt_ids)
     return Chunk(prefix + released_all, 0, released_all, True, finish_reason, stats)
+
+
+def step_of(out) -> Step:
+    """A decoding StepOutput as the Step the dflash model turns into chunks."""
+    reason = out.result.finish_reason if out.is_final else ""
+    return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens,
+                out.num_accepted_drafts)
+
+
+def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):
+    """The decoding loop's SamplingParams of a request; its bad_words are tokenized with `tokenizer`."""
+    from dflash_trt.decoding.step.sampling import SamplingParams, bad_words_ids
+
+    return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
+                          top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids),
+                          min_tokens=request.min_tokens, bad_words_ids=bad_words_ids(request.bad_words, tokenizer),
+                          repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
+                          frequency_penalty=request.frequency_penalty)

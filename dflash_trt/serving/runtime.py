@@ -4,18 +4,20 @@ torch, onnx and tensorrt run the project's own speculative loop with the target 
 drafter from the engine's artifacts: `new_scheduler()` gives the in-flight batching scheduler that the
 dflash model drives (batch_loop.py), and `steps()` one request's steps alone. trtllm drives
 TensorRT-LLM's LLM API, which batches in flight itself (see trtllm_runtime.py).
+
+This module runs when a model loads, not per request: request translation lives in generation.py, the CPU
+count in cpus.py, tokenizers for text in and out in tokenizers.py.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serving.generation import Step
+from dflash_trt.serving.generation import Step, sampling_params, step_of
 from dflash_trt.serving.requests import GenerationRequest
 
 LOCAL_RUNTIMES = ("torch", "onnx", "tensorrt")
@@ -63,41 +65,6 @@ class LocalRuntime:
 
     def close(self) -> None:
         pass
-
-
-def step_of(out) -> Step:
-    """A decoding StepOutput as the Step the dflash model turns into chunks."""
-    reason = out.result.finish_reason if out.is_final else ""
-    return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens,
-                out.num_accepted_drafts)
-
-
-def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):
-    """The decoding loop's SamplingParams of a request; its bad_words are tokenized with `tokenizer`."""
-    from dflash_trt.decoding.step.sampling import SamplingParams, bad_words_ids
-
-    return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
-                          top_p=request.top_p, seed=request.seed, stop_token_ids=tuple(end_ids),
-                          min_tokens=request.min_tokens, bad_words_ids=bad_words_ids(request.bad_words, tokenizer),
-                          repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
-                          frequency_penalty=request.frequency_penalty)
-
-
-def usable_cpus() -> int:
-    """Cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cpus
-
-
-def default_num_threads(instances: int, cpus: int | None = None) -> int:
-    """Torch threads per model instance so that instances x threads never exceeds the cores."""
-    return max(1, (cpus or usable_cpus()) // max(1, instances))
 
 
 def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,
@@ -172,31 +139,3 @@ def default_end_ids(target) -> tuple[int, ...]:
     return tuple(default_stop_ids(target))
 
 
-def tokenizer_for(engine_dir: str | Path):
-    """The target's tokenizer, without loading any weights (preprocessing, postprocessing, gateway).
-
-    Text in and text out need the tokenizer files the target ships: without them this refuses
-    rather than inventing a vocabulary."""
-    from dflash_trt.engine import load_engine
-    from dflash_trt.decoding.model.target import TOKENIZER_FILES, load_tokenizer
-
-    # The dflash model verifies the file hashes; reading the manifest is enough here.
-    engine = load_engine(engine_dir, verify=False, load_models=False)
-    source = engine.target_path
-    if engine.runtime == "trtllm":
-        source = Path(engine.llm_options.get("tokenizer") or engine.llm_options["model"])
-    tokenizer = load_tokenizer(source)
-    if tokenizer is None:
-        raise DFlashError(f"{engine_dir}: the target has no tokenizer (none of {', '.join(TOKENIZER_FILES)} in "
-                          f"{source}), so text cannot be tokenized or detokenized; add the target's tokenizer "
-                          "files, or send token ids to the dflash model")
-    return tokenizer, engine
-
-
-def vocabulary_size(runtime) -> int | None:
-    """How many token ids a request may use: the tokenizer's vocabulary, else the target's embedding rows."""
-    tokenizer = getattr(runtime, "tokenizer", None)
-    if tokenizer is not None:
-        return len(tokenizer)
-    config = getattr(getattr(getattr(runtime, "target", None), "model", None), "config", None)
-    return getattr(config, "vocab_size", None)

@@ -94,13 +94,7 @@ def _attention(layer, h, ctx, positions, ctx_positions, mask, rope):
     """o_proj(attention) of normed block states h over [context ; own block] (the masked training twin)."""
     attn = layer.self_attn
     B, S, _ = h.shape
-    C = ctx.shape[1]
-    q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
-    k = attn.k_norm(attn.k_proj(h).view(B, S, attn.num_kv_heads, attn.head_dim))
-    v = attn.v_proj(h).view(B, S, attn.num_kv_heads, attn.head_dim)
-    # KV injection: the context goes through the same k/v projections (not through input_layernorm).
-    ck = attn.k_norm(attn.k_proj(ctx).view(B, C, attn.num_kv_heads, attn.head_dim))
-    cv = attn.v_proj(ctx).view(B, C, attn.num_kv_heads, attn.head_dim)
+    q, k, v, ck, cv = attn.project(h, ctx)  # the inference path's own projections (KV injection)
     cos, sin = rope.cos_sin(positions)
     q = rope.apply(q, cos[:, :, None], sin[:, :, None])
     k = rope.apply(k, cos[:, :, None], sin[:, :, None])
@@ -120,9 +114,9 @@ def _block_conv(conv, u, coefficients, side, block_size):
     return conv.apply(blocks, coefficients, side).reshape(B, S, D)
 
 
-def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope, block_size):
+def _layer_forward(layer, x, ctx, positions, ctx_positions, mask, rope, block_size, family):
     h = layer.input_layernorm(x)
-    if not hasattr(layer, "attention_conv"):  # DFlash
+    if family == "dflash":
         x = x + _attention(layer, h, ctx, positions, ctx_positions, mask, rope)
         return x + layer.mlp(layer.post_attention_layernorm(x))
     delta = layer.attention_conv.coefficients(h)  # DFlash2: convolutions around attention and MLP
@@ -144,7 +138,7 @@ def drafter_block_states(drafter: DrafterBase, embed_weight: torch.Tensor, batch
     mask = attention_mask(batch)
     for layer in drafter.layers:
         x = _layer_forward(layer, x, ctx, batch["positions"], ctx_positions, mask, drafter.rope,
-                           drafter.config.block_size)
+                           drafter.config.block_size, drafter.family)
     return drafter.norm(x)
 
 
@@ -173,9 +167,9 @@ def block_loss(drafter: DrafterBase, embed_weight: torch.Tensor, head_weight: to
     w = batch["weights"]
     sel = w > 0
     logits = F.linear(states[sel], head_weight)
-    selector = getattr(drafter, "candidate_selector", None)
-    if selector is not None and head_ids is not None:
-        logits = logits + _transition_scores(selector, states[sel], _predecessors(batch)[sel], head_ids)
+    if drafter.family == "dflash2" and head_ids is not None:
+        logits = logits + _transition_scores(drafter.candidate_selector, states[sel], _predecessors(batch)[sel],
+                                             head_ids)
     labels = batch["labels"][sel]
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
     loss = (ce * w[sel]).sum() / w[sel].sum().clamp(min=1e-6)

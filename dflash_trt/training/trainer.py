@@ -192,8 +192,7 @@ class Trainer:
                               f"(the samples' families: {', '.join(families)})")
         torch.manual_seed(cfg.seed)
         self.drafter = build_drafter(drafter_config(cfg, target_config)).train()
-        if hasattr(self.drafter, "init_as_dflash"):
-            self.drafter.init_as_dflash()
+        self.drafter.init_as_dflash()
         if final_norm_weight is not None:
             # The drafter's states feed the target's head: start its final norm where the target's is.
             with torch.no_grad():

@@ -134,7 +134,7 @@ def test_bad_batching_limits_are_refused(tiny_engine, tmp_path, bad, message):
 
 
 def test_default_threads_never_oversubscribe_the_cores():
-    from dflash_trt.serving.runtime import default_num_threads, usable_cpus
+    from dflash_trt.serving.cpus import default_num_threads, usable_cpus
 
     assert default_num_threads(1, cpus=2) == 2 and default_num_threads(2, cpus=2) == 1
     assert default_num_threads(3, cpus=2) == 1 and default_num_threads(2, cpus=16) == 8

@@ -55,7 +55,7 @@ def test_an_engine_without_tokenizer_serves_token_ids_and_refuses_text_clearly(t
     import yaml
 
     from dflash_trt.engine.build import BuildRequest, build_engine
-    from dflash_trt.serving.runtime import tokenizer_for, vocabulary_size
+    from dflash_trt.serving.tokenizers import tokenizer_for, vocabulary_size
     from dflash_trt.decoding.model.target import has_tokenizer
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 

@@ -143,21 +143,49 @@ class BatchKVCache:
 
     # -- a forward ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prepare(self, num_new: int):
-        """Get ready for a forward over num_new tokens per row (row b's at positions lengths[b] + t); returns
-        the attention masks to pass as the model's attention_mask."""
+    def prepare(self, num_new: int, positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None):
+        """Get ready for a forward over num_new tokens per row, written at slots lengths[b] + t; returns the
+        attention masks to pass as the model's attention_mask.
+
+        positions [B, T]: the tokens' positions (default lengths[b] + t, a chain). block_mask [B, T, T] (bool):
+        which new tokens each new token attends to (default causal); a tree passes its ancestor mask, and its
+        tokens' positions are their depths, so sliding windows are measured between positions, not slots.
+        """
         device = self.lengths.device
         width = self.width + num_new
         self._ensure_capacity(width)
-        query = self.lengths[:, None] + torch.arange(num_new, device=device)[None, :]  # [B, T] = positions
-        slots = torch.arange(width, device=device)
-        distance = query[:, :, None] - slots[None, None, :]  # [B, T, W]
-        masks = {"full_attention": distance >= 0}
+        write = self.lengths[:, None] + torch.arange(num_new, device=device)[None, :]  # [B, T] slots
+        if block_mask is None and positions is None:
+            slots = torch.arange(width, device=device)
+            distance = write[:, :, None] - slots[None, None, :]  # [B, T, W]: slot == position in a chain
+            seen = distance >= 0
+        else:
+            positions = write if positions is None else positions
+            seen, distance = self._explicit_masks(num_new, width, positions, block_mask)
+        masks = {"full_attention": seen}
         if self.spec.sliding_window is not None:
-            masks["sliding_attention"] = (distance >= 0) & (distance < self.spec.sliding_window)
+            masks["sliding_attention"] = seen & (distance < self.spec.sliding_window)
         masks = {kind: self._format(mask) for kind, mask in masks.items()}
-        self._write_index, self._view_width = query, width
+        self._write_index, self._view_width = write, width
         return masks if self.spec.as_mapping else masks["full_attention"]
+
+    def _explicit_masks(self, num_new: int, width: int, positions: torch.Tensor, block_mask: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seen [B, T, W], position distance [B, T, W]) for new tokens at `positions` under `block_mask`."""
+        device = self.lengths.device
+        slots = torch.arange(width, device=device)[None, :]  # [1, W]
+        new_index = slots - self.lengths[:, None]  # [B, W]: which new token a slot holds (< 0: committed)
+        is_new = (new_index >= 0) & (new_index < num_new)
+        # A committed slot's position is its index; a new slot's is its token's position.
+        slot_positions = torch.where(is_new, positions.gather(1, new_index.clamp(0, num_new - 1)), slots)
+        distance = positions[:, :, None] - slot_positions[:, None, :]  # [B, T, W]
+        committed = (slots < self.lengths[:, None])[:, None, :]
+        if block_mask is None:
+            block_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()[None].expand(
+                len(self), -1, -1)
+        among_new = block_mask.gather(2, new_index.clamp(0, num_new - 1)[:, None, :].expand(-1, num_new, -1))
+        seen = committed | (is_new[:, None, :] & among_new)
+        return seen, distance
 
     def _format(self, allowed: torch.Tensor) -> torch.Tensor:
         allowed = allowed[:, None]  # [B, 1, T, W]: the same for every head
@@ -186,6 +214,24 @@ class BatchKVCache:
         """After a forward: row b keeps its first lengths[b] slots (the accepted part of its block)."""
         self.lengths = lengths.to(self.lengths.device)
         self._write_index = None
+
+    @torch.inference_mode()
+    def keep(self, counts: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        """After a forward: row b keeps counts[b] of its new tokens, those at new-token indices slots[b, :counts[b]]
+        (in that order), or its first counts[b] when slots is None (a chain: nothing moves). Kept tokens are
+        moved into place with one gather per layer."""
+        if slots is not None:
+            device = self.lengths.device
+            steps = torch.arange(slots.shape[1], device=device)[None, :]
+            source = self.lengths[:, None] + slots.to(device)  # [B, K] slots to read
+            destination = self.lengths[:, None] + steps  # [B, K] where they go
+            rows = self._write_index.shape[0] if self._write_index is not None else len(self)
+            for buffer in self.keys + self.values:
+                live = buffer[:rows]
+                index = source[:, None, :, None].expand(-1, live.shape[1], -1, live.shape[3])
+                moved = torch.gather(live, 2, index)
+                live.scatter_(2, destination[:, None, :, None].expand_as(index), moved)
+        self.set_lengths(self.lengths + counts.to(self.lengths.device))
 
     # -- reshaping the batch --------------------------------------------------------------------------
     @torch.inference_mode()

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.decoding.step import acceptance, logits_processors
-from dflash_trt.decoding.step.acceptance import acceptance_lengths  # noqa: F401  (part of this module's API)
+from dflash_trt.decoding.model.protocols import Drafter, Proposal, Target
+from dflash_trt.decoding.step import acceptance
 from dflash_trt.decoding.step.batch import RunningBatch
-from dflash_trt.decoding.model.drafters import DFlashDrafter
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.step.results import StepOutput
-from dflash_trt.decoding.step.sampling import choose_keyed
-from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.verify import Accepted, ChainVerify, VerifyInput, VerifyMethod
+from dflash_trt.errors import DFlashError
+
+CHAIN = ChainVerify()
 
 # Plain steps (block size 1) still record the target's features for the drafter; once this many context
 # rows are pending, the drafter takes them in (one draft call) so they never pile up.
@@ -35,13 +35,11 @@ FEATURE_BACKLOG = 32
 
 @dataclass
 class Verified:
-    """What one verify forward decided: the target's choices and the accepted drafts per row."""
+    """What one verify forward decided (the method's Accepted), with the layout and the block's features."""
 
-    choices: torch.Tensor  # [B, S]
-    accepted: torch.Tensor  # [B]
-    bonus: torch.Tensor  # [B] the token committed after the accepted drafts
-    block_lens: torch.Tensor  # [B] real slots of each row's block
-    features: torch.Tensor | None  # [B, S, K*D] target features of the block positions
+    verify: VerifyInput
+    accepted: Accepted
+    features: torch.Tensor | None  # [B, N, K*D] target features of the new slots
 
 
 @dataclass
@@ -51,7 +49,8 @@ class StepReport:
     accepted: list[int]  # accepted drafts per row (0 .. block_size - 1), for the block-size policy
 
 
-def decode_step(target: TargetModel, drafter, batch: RunningBatch, block_size: int, layer_ids) -> StepReport:
+def decode_step(target: Target, drafter, batch: RunningBatch, block_size: int, layer_ids,
+                method: VerifyMethod = CHAIN) -> StepReport:
     """One decoding step of the whole batch with `block_size` (1: plain decoding, no draft).
 
     Each row's block shrinks to the tokens it still may emit (acceptance.block_lengths), as in the
@@ -71,14 +70,14 @@ def decode_step(target: TargetModel, drafter, batch: RunningBatch, block_size: i
     now = time.perf_counter()
     for request in batch.requests:  # decode-phase timing starts after the first draft call, as in the paper
         request.decode_start = request.decode_start or now
-    verified = verify_block(target, batch, block, block_lens, proposal, layer_ids)
+    verified = verify_block(target, batch, block, block_lens, proposal, layer_ids, method)
     outputs = commit_block(target, batch, block, verified, drafted)
-    return StepReport(outputs, width, verified.accepted.tolist())
+    return StepReport(outputs, width, verified.accepted.num_accepted.tolist())
 
 
 @torch.inference_mode()
-def draft_block(target: TargetModel, drafter, batch: RunningBatch, block_size: int,
-                block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, acceptance.Proposal]:
+def draft_block(target: Target, drafter, batch: RunningBatch, block_size: int,
+                block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Proposal]:
     """Block [B, S] = [last committed token, S - 1 drafts] (slot k predicts position next_pos + k), and the
     drafter's proposal (drafts, and for a drafter that samples them its candidates and q)."""
     block = torch.full((len(batch), block_size), drafter.config.mask_token_id, dtype=torch.long,
@@ -97,68 +96,52 @@ def draft_block(target: TargetModel, drafter, batch: RunningBatch, block_size: i
 
 
 @torch.inference_mode()
-def absorb_context(target: TargetModel, drafter, batch: RunningBatch) -> None:
+def absorb_context(target: Target, drafter, batch: RunningBatch) -> None:
     """Let the drafter take in the pending context rows (a draft call whose drafts are not used)."""
     draft_block(target, drafter, batch, 2)
 
 
 @torch.inference_mode()
-def verify_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, block_lens: torch.Tensor,
-                 proposal: acceptance.Proposal | None, layer_ids) -> Verified:
-    """One target forward over the block; choices[b, j] is the target's token after block slot j.
+def verify_block(target: Target, batch: RunningBatch, block: torch.Tensor, block_lens: torch.Tensor,
+                 proposal: Proposal | None, layer_ids, method: VerifyMethod = CHAIN) -> Verified:
+    """One target forward over the method's layout of the block; the method decides what is accepted.
 
-    Drafts are accepted while they equal the target's own choice (greedy or a keyed sample), within the
-    row's block length; drafts sampled from a q (the DFlash2 selector at T > 0) go through rejection
-    sampling against it instead (acceptance.accept_row). Requests with logits processors (min_tokens, bad
-    words, penalties) have their logits processed first (logits_processors.py).
+    The new slots are written at each row's own length; the cache masks them as the layout says (a chain:
+    causal). Requests with logits processors (min_tokens, bad words, penalties) have their logits processed by
+    the method, each slot with the prefix it is verified for (logits_processors.py).
     """
-    block_size = block.shape[1]
-    device = block.device
-    positions = batch.next_pos[:, None] + torch.arange(block_size, device=device)[None, :]
-    masks = batch.cache.prepare(block_size)  # the block is written at each row's own length
-    out = target.forward(block, positions, masks, batch.cache, layer_ids)
-    logits = out.logits
-    if any(request.params.has_logits_processors for request in batch.requests):
-        # Slot j is processed with the committed tokens + drafts 1..j: the prefix it is verified for.
-        logits = logits_processors.process_requests(logits, block, batch.requests)
-    if all(request.params.is_greedy for request in batch.requests):
-        choices = torch.argmax(logits, dim=-1)
-    else:  # slot j of row b draws output index len(tokens so far) + j of that request's stream
-        choices = torch.stack([choose_keyed(logits[row], request.params, request.seed,
-                                            len(request.result.token_ids))
-                               for row, request in enumerate(batch.requests)])
-    accepted = torch.minimum(acceptance_lengths(block, choices), block_lens - 1)
-    bonus = choices.gather(1, accepted[:, None]).squeeze(1)
-    if proposal is not None and proposal.q is not None:
-        for row, request in enumerate(batch.requests):
-            if not request.params.is_greedy:
-                a, token = acceptance.accept_row(logits[row], block[row], int(block_lens[row]), proposal, row,
-                                                 request.params, request.generator)
-                accepted[row], bonus[row] = a, token
-    return Verified(choices, accepted, bonus, block_lens, out.features)
+    verify = method.layout(batch, block, block_lens, proposal)
+    num_new = verify.tokens.shape[1]
+    if verify.block_mask is None:  # a chain: causal, slot == position (the cache's fast path)
+        masks = batch.cache.prepare(num_new)
+    else:
+        masks = batch.cache.prepare(num_new, verify.positions, verify.block_mask)
+    out = target.forward(verify.tokens, verify.positions, masks, batch.cache, layer_ids)
+    return Verified(verify, method.accept(out.logits, verify, proposal, batch), out.features)
 
 
 @torch.inference_mode()
-def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, verified: Verified,
+def commit_block(target: Target, batch: RunningBatch, block: torch.Tensor, verified: Verified,
                  drafted: bool) -> list[StepOutput]:
-    """Keep the accepted prefix + bonus token of every row in the cache and in its request."""
-    accepted = verified.accepted
-    # Each row keeps its accepted slots in place (the last committed token and the accepted drafts); the
-    # rest of its block becomes stale, masked, and overwritten by the next step.
-    batch.cache.set_lengths(batch.next_pos + accepted + 1)
-    num_kept = int(accepted.max()) + 1
+    """Keep the accepted drafts + bonus token of every row in the cache and in its request."""
+    accepted, num_accepted = verified.accepted, verified.accepted.num_accepted
+    # Each row keeps its last committed token and its accepted drafts (moved into place when they are not a
+    # prefix of the slots); the rest of its slots become stale, masked, and overwritten by the next step.
+    batch.cache.keep(num_accepted + 1, accepted.keep)
     if verified.features is not None:
-        batch.append_features(verified.features[:, :num_kept], accepted + 1)
+        num_kept = int(num_accepted.max()) + 1
+        features = verified.features if accepted.keep is None else torch.gather(
+            verified.features, 1, accepted.keep[:, :, None].expand(-1, -1, verified.features.shape[2]))
+        batch.append_features(features[:, :num_kept], num_accepted + 1)
     batch.trim()
 
-    num_drafts = (verified.block_lens - 1).tolist() if drafted else [0] * len(batch.requests)
+    num_drafts = (verified.verify.lengths - 1).tolist() if drafted else [0] * len(batch.requests)
     outputs = []
-    accepted_list, bonus = accepted.tolist(), verified.bonus.tolist()
-    block_rows = block.tolist()
-    batch.last_token = verified.bonus.clone()  # the token after the accepted drafts
+    accepted_list, bonus = num_accepted.tolist(), accepted.bonus.tolist()
+    batch.last_token = accepted.bonus.clone()  # the token after the accepted drafts
     for row, request in enumerate(batch.requests):
         a = accepted_list[row]
-        committed = request.commit(block_rows[row][1:a + 1] + [bonus[row]])
+        committed = request.commit(accepted.drafts[row] + [bonus[row]])
         # As the reference records it: the tokens this step produced, after max_new_tokens and stops.
         request.result.acceptance_lengths.append(len(committed))
         request.result.draft_lengths.append(num_drafts[row])
@@ -166,7 +149,7 @@ def commit_block(target: TargetModel, batch: RunningBatch, block: torch.Tensor, 
     return outputs
 
 
-def resolve_block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
+def resolve_block_size(drafter: Drafter | None, block_size: int | None) -> int:
     if block_size is None:
         block_size = drafter.config.block_size if drafter is not None else 1
     if block_size < 1:

@@ -48,16 +48,23 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
 
-    def forward(self, h, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope, block_lens=None):
-        """h [B,S,D] normed block states; ctx [B,C,D] fused context (NOT normed by input_layernorm)."""
+    def project(self, h: torch.Tensor, ctx: torch.Tensor):
+        """(q, k, v) of normed block states h [B,S,D] and (ctx_k, ctx_v) of context rows ctx [B,C,D], as
+        [B, rows, heads, head_dim], before RoPE. KV injection: the same k_proj/v_proj project both the context
+        and the block (the context is NOT normed by input_layernorm). Inference and training both use it."""
         batch, block_size, _ = h.shape
         num_ctx = ctx.shape[1]
         q = self.q_norm(self.q_proj(h).view(batch, block_size, self.num_heads, self.head_dim))
-        # KV injection: the same k_proj/v_proj project both the context and the block.
         k = self.k_norm(self.k_proj(h).view(batch, block_size, self.num_kv_heads, self.head_dim))
         v = self.v_proj(h).view(batch, block_size, self.num_kv_heads, self.head_dim)
         ctx_k = self.k_norm(self.k_proj(ctx).view(batch, num_ctx, self.num_kv_heads, self.head_dim))
         ctx_v = self.v_proj(ctx).view(batch, num_ctx, self.num_kv_heads, self.head_dim)
+        return q, k, v, ctx_k, ctx_v
+
+    def forward(self, h, ctx, cache_k, cache_v, cache_lens, ctx_lens, rope, block_lens=None):
+        """h [B,S,D] normed block states; ctx [B,C,D] fused context (NOT normed by input_layernorm)."""
+        batch, block_size, _ = h.shape
+        q, k, v, ctx_k, ctx_v = self.project(h, ctx)
         if self.window is None and not self.causal:
             out = draft_attention(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens, ctx_lens, rope, block_lens)
         else:
@@ -157,6 +164,10 @@ class DrafterBase(nn.Module):
                       sampling: Sequence[RowSampling] | None, block_lens: torch.Tensor | None) -> Proposal:
         """Drafts for slots 1..S-1 from their final states hidden [B,S-1,D]; slots >= block_lens are padding."""
         raise NotImplementedError
+
+    def init_as_dflash(self) -> None:
+        """Initialise a fresh drafter so it drafts what a DFlash drafter of the same layers drafts (training starts
+        there; a no-op for DFlash itself, DFlash2 neutralises its extra parts)."""
 
     @staticmethod
     def checkpoint_aliases() -> dict[str, str]:

@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from dflash_trt.decoding.kernels import attention
-from dflash_trt.decoding.model.graphs.capture import capture_graph
+from dflash_trt.decoding.model.graphs.capture import GraphPool
 from dflash_trt.errors import CompatibilityError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -227,7 +227,7 @@ class GraphedDrafter:
         self.use_graphs = (self.device.type == "cuda" and not self.blockers) if graphs is None else graphs
         if self.use_graphs:  # a host-to-device copy of the rotary table cannot be captured: keep it on the device
             drafter.rope.inv_freq = drafter.rope.inv_freq.to(self.device)
-        self._pool = None
+        self._graphs = GraphPool()
 
     @property
     def samples_drafts(self) -> bool:
@@ -262,25 +262,12 @@ class GraphedDrafter:
             warnings.warn("draft steps stay eager: the CUDA draft-attention kernels are unavailable", RuntimeWarning,
                           stacklevel=3)
             self.use_graphs = False
-        if not self.use_graphs or (step.graph is None and step.calls == 0):
-            step.calls += 1
-            return step.run(self.drafter, cache)
-        if step.graph is None:
-            self._capture(step, cache)
-        step.graph.replay()
-        return step.outputs
-
-    def _capture(self, step: DraftStep, cache: StaticDraftCache) -> None:
-        # Warm-up and capture both run on the step's real inputs: they append the same context rows at the
-        # same slots as the replay that follows (the lengths move only when the caller copies them).
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        step.graph, step.outputs = capture_graph(lambda: step.run(self.drafter, cache), self._pool)
+        return self._graphs.run(step, lambda: step.run(self.drafter, cache), self.use_graphs)
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
                 cache: StaticDraftCache, block_lens: torch.Tensor | None = None, sampling=None):
-        """Drafts for block slots 1..W-1, as the wrapped drafter's propose (its family chooses the drafts)."""
+        """The Proposal for block slots 1..W-1, as the wrapped drafter's propose (its family chooses the drafts)."""
         hidden = self(self.drafter.embed_block(target, block), features, ctx_lens, cache, block_lens)
         return self.drafter.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens)
 

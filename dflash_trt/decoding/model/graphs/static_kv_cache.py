@@ -38,9 +38,13 @@ class StaticKVCache(BatchKVCache):
         self.prepared_tokens: int | None = None  # what the last prepare made room for, until a forward uses it
 
     @torch.inference_mode()
-    def prepare(self, num_new: int) -> None:
+    def prepare(self, num_new: int, positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None
+                ) -> None:
         """Make room for num_new more tokens in every row, and for the batch's bucket of rows. The masks are the
-        static forward's own, so there is nothing to return."""
+        static forward's own (causal over consecutive positions), so there is nothing to return."""
+        if block_mask is not None or positions is not None:
+            raise NotImplementedError("the static verify runs chains only: an explicit block mask needs the "
+                                      "eager verify")
         self._ensure_capacity(self.width + num_new)
         if self.allocated_rows < bucket_for(len(self)):
             self._reallocate(len(self), self.capacity)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from dflash_trt.decoding.model.graphs.capture import capture_graph
+from dflash_trt.decoding.model.graphs.capture import GraphPool
 from dflash_trt.errors import CompatibilityError
 from dflash_trt.decoding.model.graphs.drafter import bucket_for
 from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache
@@ -62,7 +62,7 @@ class GraphedVerifier(TargetModel):
                                      + "; ".join(blockers))
         self.use_graphs = (self.device.type == "cuda" and not blockers) if graphs is None else graphs
         self.blockers = blockers
-        self._pool = None
+        self._graphs = GraphPool()
 
     def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int,
                     cache_type: type = StaticKVCache) -> StaticKVCache:
@@ -87,17 +87,4 @@ class GraphedVerifier(TargetModel):
         return TargetOutput(logits.to(torch.float32, copy=True), None if features is None else features[:n].clone())
 
     def _run(self, step: StaticForward, cache: StaticKVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not self.use_graphs or (step.graph is None and step.calls == 0):
-            step.calls += 1
-            return step.run(cache)
-        if step.graph is None:
-            self._capture(step, cache)
-        step.graph.replay()
-        return step.outputs
-
-    def _capture(self, step: StaticForward, cache: StaticKVCache) -> None:
-        # Warm-up and capture both run on the step's real inputs: they write the same keys and values at the
-        # same slots as the replay that follows.
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        step.graph, step.outputs = capture_graph(lambda: step.run(cache), self._pool)
+        return self._graphs.run(step, lambda: step.run(cache), self.use_graphs)

@@ -4,7 +4,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.serving import postprocess, requests, triton_io
 from dflash_trt.serving.cancellation import CancelBoard
-from dflash_trt.serving.runtime import tokenizer_for
+from dflash_trt.serving.tokenizers import tokenizer_for
 
 
 class TritonPythonModel:

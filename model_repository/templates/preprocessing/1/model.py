@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving import requests, triton_io
 from dflash_trt.serving.preprocess import Preprocessor
-from dflash_trt.serving.runtime import tokenizer_for
+from dflash_trt.serving.tokenizers import tokenizer_for
 
 
 class TritonPythonModel:
