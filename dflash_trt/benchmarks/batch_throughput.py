@@ -21,8 +21,8 @@ import time
 
 def run_level(target, drafter, prompts, batch_size: int, block_size: int, steps: int) -> dict:
     from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
-    from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     scheduler = Scheduler(target, drafter if block_size > 1 else None, block_size,
                           SchedulerLimits(max_batch_size=batch_size, max_kv_tokens=None, prefill_chunk_tokens=None),

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dflash_trt.errors import DFlashError
-from dflash_trt.benchmarks.config import BenchConfig, PROMPTS_DIR
+from dflash_trt.benchmarks.config import PROMPTS_DIR, BenchConfig
 from dflash_trt.benchmarks.workers import StreamSlot, run_workers
+from dflash_trt.errors import DFlashError
 
 REFERENCES = ("dflash", "plain")
 NO_LIMIT = 1 << 30  # the reference refuses nothing; the server applies its own limits
@@ -171,8 +171,8 @@ def reference_outputs(engine_dir: Path, requests: list[CheckRequest], chat: bool
                       progress: Callable[[int, int], None] | None = None) -> list[Expected]:
     """Each request generated alone in process, tokenized and detokenized as the served models do."""
     from dflash_trt.decoding.api import generate
-    from dflash_trt.engine import load_engine
     from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.engine import load_engine
     from dflash_trt.serving.detokenize import decode
     from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE, Preprocessor
     from dflash_trt.serving.requests import GenerationRequest, RequestLimits
@@ -220,8 +220,8 @@ def first_difference(tokenizer, token_ids: list[int], text: str) -> int:
 
 def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckReport:
     """Serve (or send to config.url), then generate alone in process, then compare."""
-    from dflash_trt.serving.tokenizers import tokenizer_for
     from dflash_trt.benchmarks.prompts import heldout_prompts
+    from dflash_trt.serving.tokenizers import tokenizer_for
 
     config.validate()
     _require_local_engine(config.engine)  # before serving: the reference runs in this process
@@ -242,8 +242,8 @@ def run_check(config: CheckConfig, log: Callable[[str], None] = print) -> CheckR
 
 
 def _require_local_engine(engine_dir: Path) -> None:
-    from dflash_trt.engine import load_engine
     from dflash_trt.benchmarks.run import LOCAL_RUNTIMES
+    from dflash_trt.engine import load_engine
 
     runtime = load_engine(engine_dir, verify=False, load_models=False).runtime
     if runtime not in LOCAL_RUNTIMES:

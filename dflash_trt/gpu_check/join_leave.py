@@ -20,11 +20,11 @@ def join_and_leave(target, drafter, prompts: Sequence[Sequence[int]], new_tokens
     """Every prompt's tokens (budgets()) when they arrive ARRIVAL_EVERY steps apart, the longest reservation
     first (so that later ones join the spare rows of the buffers the first one sized), and what ran: the most rows
     decoding together and the most draft and verify steps of the running batch replaying a graph."""
-    from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
     from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
     from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
-    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
     from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     limits = SchedulerLimits(max_batch_size=len(prompts), max_kv_tokens=None, prefill_chunk_tokens=None)
     scheduler = Scheduler(GraphedVerifier(target), GraphedDrafter(drafter), block_size, limits,

@@ -7,8 +7,7 @@ import random
 import torch
 
 from dflash_trt.decoding.kernels.attention import BACKEND_ENV, draft_attention
-from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
-from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields, fields_to_list
 from dflash_trt.decoding.kernels.plugin.torch_op import draft_attention_inplace
 from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 from dflash_trt.gpu_check.report import Section, attention_bytes, floor_us, nominal_bandwidth

@@ -16,8 +16,8 @@ import torch
 
 from dflash_trt.gpu_check.join_leave import budgets, join_and_leave
 from dflash_trt.gpu_check.kernel_checks import time_us
-from dflash_trt.gpu_check.verify_checks import graphed_verify
 from dflash_trt.gpu_check.report import PAPER_TAU, Section, implied_speedup
+from dflash_trt.gpu_check.verify_checks import graphed_verify
 
 BLOCK = 16
 DRAFT_LAYERS = 5
@@ -63,7 +63,6 @@ def greedy_equality(target, drafter, num_prompts: int = 4, prompt_len: int = 48,
     vocab = target.vocab_size - 1  # the last id is the drafter's mask token
     prompts = [torch.randint(0, vocab, (prompt_len + 3 * i,), generator=g).tolist() for i in range(num_prompts)]
     from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
-
     from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 
     params = SamplingParams(max_new_tokens=new_tokens)

@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     """Per family and drafter: the greedy loop's tau and the mean over every anchor, from one forward each."""
     import argparse
 
-    from dflash_trt.decoding.model.tokens import default_stop_ids
     from dflash_trt.decoding.model.drafters import load_drafter
     from dflash_trt.decoding.model.target import load_target
+    from dflash_trt.decoding.model.tokens import default_stop_ids
     from dflash_trt.training.features import target_features
     from dflash_trt.training.target_io import resolve_target_path
 

@@ -123,10 +123,10 @@ def generate_answers(cfg: AnswerConfig) -> Path:
     import torch
     from tqdm import tqdm
 
-    from dflash_trt.errors import DFlashError
-    from dflash_trt.decoding.step.sampling import SamplingParams
-    from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
     from dflash_trt.decoding.model.target import TargetModel
+    from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.errors import DFlashError
     from dflash_trt.training.target_io import SMOLLM2_STOP_IDS, load_hf_target
 
     torch.set_num_threads(cfg.threads)

@@ -38,8 +38,8 @@ def load_hf_target(target: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dflash_trt.errors import DFlashError
     from dflash_trt.decoding.model.target import load_tokenizer
+    from dflash_trt.errors import DFlashError
 
     path = Path(resolve_target_path(target))
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}

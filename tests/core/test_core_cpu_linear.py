@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_trt.decoding.kernels.cpu_linear import BF16Head, PackedLinear, bf16_packing_available, pack_linear_layers, packing_available
+from dflash_trt.decoding.kernels.cpu_linear import (BF16Head, PackedLinear, bf16_packing_available, pack_linear_layers,
+                                                    packing_available)
 from dflash_trt.testing import make_tiny_target
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN packing")

@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash_trt.decoding.model.drafters import load_drafter, save_drafter
-from dflash_trt.errors import CheckpointError, CompatibilityError, ConfigError
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.errors import CheckpointError, CompatibilityError, ConfigError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 YARN = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False}

@@ -8,8 +8,8 @@ import torch
 
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter, StaticDraftCache, bucket_for
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 
@@ -124,8 +124,8 @@ def test_leaving_rows_are_compacted_and_memory_no_row_can_use_is_given_back(pair
 
 
 def test_what_cannot_be_captured_is_named_and_refused_when_graphs_are_asked_for(pair, monkeypatch):
-    from dflash_trt.errors import CompatibilityError
     from dflash_trt.decoding.model.graphs.drafter import capture_blockers
+    from dflash_trt.errors import CompatibilityError
     from dflash_trt.testing import tiny_target_config
 
     wide = make_tiny_drafter(tiny_target_config("llama", hidden_size=256), block_size=8)  # head_dim 64

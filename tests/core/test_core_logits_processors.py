@@ -9,13 +9,13 @@ tokens + drafts 1..j.
 
 import pytest
 import torch
-
 from core_oracle import OracleDrafter
+
 from dflash_trt.decoding.api import generate
-from dflash_trt.errors import DFlashError
+from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.logits_processors import process
 from dflash_trt.decoding.step.sampling import SamplingParams, choose_keyed
-from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.errors import DFlashError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target, tiny_drafter_config
 
 MAX_NEW_TOKENS = 24

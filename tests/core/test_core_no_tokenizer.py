@@ -24,8 +24,8 @@ def qwen3_without_tokenizer(tmp_path_factory):
 
 
 def test_has_no_tokenizer_and_no_default_stop_id(qwen3_without_tokenizer):
-    from dflash_trt.decoding.model.tokens import default_stop_ids
     from dflash_trt.decoding.model.target import has_tokenizer, load_target
+    from dflash_trt.decoding.model.tokens import default_stop_ids
 
     root, _model = qwen3_without_tokenizer
     assert not has_tokenizer(root / "target")

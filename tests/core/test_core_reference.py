@@ -3,11 +3,11 @@ DFlash and DFlash2, full and sliding-window attention, with and without logit so
 
 import pytest
 import torch
-
 from reference_dflash import record_verify_blocks, reference_drafter, run_reference
+
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 VOCAB = 24  # small, so random drafts are sometimes accepted and acceptance lengths vary

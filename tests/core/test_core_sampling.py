@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-
 from core_oracle import SelfDrafter
-from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams, probabilities
-from dflash_trt.decoding.model.target import TargetModel
-from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 from sampling_oracle import chi_square_pvalue, exact_joint
+
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams, probabilities
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 VOCAB = 6
 NUM_TOKENS = 3  # the first comes from the prefill; the next two from verification

@@ -6,13 +6,13 @@ enumerated joint); with a q that is not the one the drafts were drawn from, the 
 
 import pytest
 import torch
+from sampling_oracle import chi_square_pvalue, exact_joint
 
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.model.drafters import DFlash2Drafter, Proposal
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
-from sampling_oracle import chi_square_pvalue, exact_joint
 
 VOCAB = 6
 NUM_TOKENS = 3  # the first from the prefill, then one verify of a shortened block of 3 slots

@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from sampling_oracle import chi_square_pvalue
 
 # A skewed distribution with cells too rare to test alone (pooled) and a pool too rare itself (folded).

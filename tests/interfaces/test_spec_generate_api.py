@@ -98,6 +98,7 @@ def test_from_pretrained_names_a_missing_local_directory(tmp_path):
 
 def test_spec_generate_runs_a_dflash2_drafter_like_the_reference(tmp_path):
     from reference_dflash import reference_drafter, run_reference
+
     from dflash_trt import DFlash2Drafter, DFlashDrafter
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dflash_trt.cli import main
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.speculative_config import parse_speculative_config
+from dflash_trt.errors import ConfigError
 
 
 def spec(drafter, **extra) -> str:

@@ -14,12 +14,12 @@ import random
 
 import pytest
 import torch
+from numpy_reference import draft_attention as numpy_draft_attention
+from plugin_cases import GPT_OSS_YARN, Case, clone_inputs, make_inputs, random_case
 
 from dflash_trt.decoding.kernels.attention import draft_attention
 from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention, rope_table
 from dflash_trt.decoding.kernels.rope import RotaryEmbedding
-from numpy_reference import draft_attention as numpy_draft_attention
-from plugin_cases import GPT_OSS_YARN, Case, clone_inputs, make_inputs, random_case
 
 TOLERANCE_ULPS = {torch.bfloat16: 2 * 2.0 ** -8, torch.float16: 2 * 2.0 ** -11}
 

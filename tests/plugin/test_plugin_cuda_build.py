@@ -10,6 +10,7 @@ import pytest
 
 from dflash_trt.decoding.kernels.plugin.build import CPU_TARGET, CUDA_TARGETS, build_plugins, configured_targets
 
+
 @pytest.fixture(scope="module")
 def kernel_test_binary():
     summary = configured_targets(build_plugins((CPU_TARGET,)))

@@ -8,9 +8,9 @@ import random
 
 import pytest
 import torch
+from plugin_cases import GPT_OSS_YARN, Case, clone_inputs, make_inputs, random_case
 
 from dflash_trt.gpu_check.tolerances import cache_error, output_error
-from plugin_cases import GPT_OSS_YARN, Case, clone_inputs, make_inputs, random_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

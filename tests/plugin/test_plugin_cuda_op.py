@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 import torch
+from plugin_cases import Case, clone_inputs, make_inputs
 
 from dflash_trt.decoding.kernels.plugin import cuda_op
-from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention
 from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
-from plugin_cases import Case, clone_inputs, make_inputs
+from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention
 
 CASE = Case(2, 8, 8, 2, 64, 3, 40, (20, 5), (3, 1), 1e4, False)
 

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES, ROPE_YARN, AttentionFields
-from dflash_trt.decoding.kernels.plugin.library import check_fields, library_field_names, plugin_identity, validation_error
+from dflash_trt.decoding.kernels.plugin.library import (check_fields, library_field_names, plugin_identity,
+                                                        validation_error)
+from dflash_trt.errors import ConfigError
 
 VALID = AttentionFields(num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6)
 

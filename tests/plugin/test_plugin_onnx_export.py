@@ -79,8 +79,8 @@ def test_bf16_preset_exports_a_bf16_graph_for_tensorrt(tmp_path):
 def test_sliding_drafters_are_refused_in_one_line():
     import pytest as _pytest
 
-    from dflash_trt.errors import ConfigError
     from dflash_trt.decoding.model.exported.export import export_drafter
+    from dflash_trt.errors import ConfigError
     from dflash_trt.testing import make_tiny_drafter, tiny_target_config
 
     drafter = make_tiny_drafter(tiny_target_config("llama"), sliding_window=6)

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.model.drafters import Proposal
 from dflash_trt.decoding.kernels.plugin.onnx_node import ort_library
-from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.model.drafters import Proposal
 from dflash_trt.decoding.model.target import load_target
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 pytest.importorskip("onnxruntime")

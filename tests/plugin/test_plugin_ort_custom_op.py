@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from plugin_cases import Case, clone_inputs, make_inputs
 
 from dflash_trt.decoding.kernels.plugin.library import cpu_draft_attention
-from dflash_trt.decoding.kernels.plugin.onnx_node import DOMAIN_VERSION, INPUT_NAMES, ONNX_DOMAIN, OUTPUT_NAMES, make_node, ort_library
-from plugin_cases import Case, clone_inputs, make_inputs
+from dflash_trt.decoding.kernels.plugin.onnx_node import (DOMAIN_VERSION, INPUT_NAMES, ONNX_DOMAIN, OUTPUT_NAMES,
+                                                          make_node, ort_library)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

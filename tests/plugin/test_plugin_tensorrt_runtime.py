@@ -17,9 +17,9 @@ import types
 import pytest
 import torch
 
-from dflash_trt.errors import DFlashError
-from dflash_trt.decoding.model.exported.head import draft_head
 from dflash_trt.decoding.model.exported.export import ExportGraph, cache_names
+from dflash_trt.decoding.model.exported.head import draft_head
+from dflash_trt.errors import DFlashError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 
@@ -183,8 +183,8 @@ def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake
     # max_new_tokens that are no multiple of the block make the last block shrink, for one row only: the engine
     # has no block mask, so those rows must run as their own sub-batch on their own length.
     from dflash_trt.decoding.api import generate
-    from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.decoding.model.target import TargetModel
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     target_model, drafter = pair
     target = TargetModel(target_model)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target, tiny_drafter_config
 
 NUM_PROMPTS = 12

@@ -4,12 +4,12 @@ tokens and drafts (test_graphed_drafter_joining.py, and its GPU twin)."""
 from __future__ import annotations
 
 import torch
-
 from conftest import MAX_NEW_TOKENS
-from dflash_trt.decoding.step import step as decoding
+
 from dflash_trt.decoding.model.graphs.drafter import StaticDraftCache
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step import step as decoding
+from dflash_trt.decoding.step.sampling import SamplingParams
 
 ORDER = [2, 0, 5, 1, 8, 3, 7, 4]  # prompts (of conftest's) in arrival order: lengths 40, 1, 25, 3, 33, 7, 5, 2
 ARRIVALS = {0: ORDER[:2], 3: ORDER[2:3], 5: ORDER[3:5], 9: ORDER[5:6], 12: ORDER[6:8]}  # step -> arriving prompts

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import oracle_for
-from dflash_trt.decoding.step.batch import fill_from_the_end
-from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
-from dflash_trt.errors import CompatibilityError
+
 from dflash_trt.decoding.model.kv_cache import BatchKVCache, MaskSpec
-from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.batch import fill_from_the_end
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.errors import CompatibilityError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 HEADS, DIM, LAYERS = 2, 3, 2

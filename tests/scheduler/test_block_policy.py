@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from dflash_trt.decoding.scheduler.block_policy import AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize, StepCosts, make_policy
+from dflash_trt.decoding.scheduler.block_policy import (AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize,
+                                                        StepCosts, make_policy)
 from dflash_trt.errors import DFlashError
 
 MAX_BLOCK = 8

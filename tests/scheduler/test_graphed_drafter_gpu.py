@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import MAX_NEW_TOKENS
+from joining_run import ORDER, context_sensitive, run_joining
+
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
 from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
-from joining_run import ORDER, context_sensitive, run_joining
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

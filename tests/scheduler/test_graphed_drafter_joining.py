@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from host_reads import HostReads
+from joining_run import ABORT, ORDER, budget, context_sensitive, run_joining
 
 from dflash_trt.decoding.model.graphs.drafter import DraftStep, GraphedDrafter, StaticDraftCache
 from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 from dflash_trt.testing import make_tiny_drafter, tiny_target_config
-from host_reads import HostReads
-from joining_run import ABORT, ORDER, budget, context_sensitive, run_joining
 
 
 @pytest.fixture(scope="module", params=["dflash", "dflash2", "sliding"])

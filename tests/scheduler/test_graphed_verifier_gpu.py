@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
 from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
-from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import MAX_NEW_TOKENS, oracle_for
-from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
 
 
 def run_arrivals(scheduler, arrivals: dict[int, list[tuple[int, list[int], SamplingParams]]]):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import oracle_for
+
 from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
-from dflash_trt.errors import DFlashError
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.errors import DFlashError
 
 
 def _collect(outputs, tokens, finals):

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import oracle_for
 from host_reads import HostReads
-from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
-from dflash_trt.errors import CompatibilityError
+
+from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache
 from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier, capture_blockers
 from dflash_trt.decoding.model.kv_cache import BatchKVCache, MaskSpec
-from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
-from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.errors import CompatibilityError
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
 NEW_TOKENS = 16

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 from dflash_trt.training.acceptance_profile import acceptance_profile, greedy_path
 from dflash_trt.training.features import target_features

@@ -11,8 +11,8 @@ from dflash_trt.data.prompts import FAMILIES, load_prompts, prompt_messages
 from dflash_trt.data.sources import (HELDOUT_ONLY_SOURCES, SOURCE_FAMILIES, SOURCE_OF_FAMILY, SourceConfig,
                                      read_json_array_prefix, sharegpt_items, split_source_items,
                                      write_source_prompt_sets)
-from dflash_trt.training.answers import (AnswerConfig, answers_file, generate_answers, import_answers,
-                                         ordered_prompts, read_answers)
+from dflash_trt.training.answers import (AnswerConfig, answers_file, generate_answers, import_answers, ordered_prompts,
+                                         read_answers)
 
 REPO = Path(__file__).resolve().parents[2]
 REPO_PROMPTS = REPO / "data" / "prompts"

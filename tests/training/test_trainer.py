@@ -8,7 +8,7 @@ import torch
 from dflash_trt.decoding.model.drafters import load_drafter
 from dflash_trt.testing import make_tiny_target
 from dflash_trt.training.features import target_features
-from dflash_trt.training.trainer import Trainer, TrainConfig, use_bf16
+from dflash_trt.training.trainer import TrainConfig, Trainer, use_bf16
 
 LAYER_IDS = (1, 3)
 

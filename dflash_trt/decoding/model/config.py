@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_trt.decoding.model.config_fields import (MISSING, attention_layers, draft_value, non_negative_int, optional_float,
-                            positive_float, positive_int, rope_settings)
+from dflash_trt.decoding.model.config_fields import (MISSING, attention_layers, draft_value, non_negative_int,
+                                                     optional_float, positive_float, positive_int, rope_settings)
 from dflash_trt.errors import ConfigError
 
 CONFIG_NAME = "config.json"

@@ -14,11 +14,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.kernels.cpu_linear import BF16Head, bf16_packing_available, pack_linear_layers
-from dflash_trt.errors import CompatibilityError, ConfigError
-from dflash_trt.decoding.model.kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.graphs.static_kv_cache import StaticKVCache
+from dflash_trt.decoding.model.kv_cache import GROUPED_SDPA, BatchKVCache, MaskSpec, register_grouped_sdpa
+from dflash_trt.errors import CompatibilityError, ConfigError
 
 
 @dataclass

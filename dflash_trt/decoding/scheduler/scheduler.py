@@ -8,7 +8,7 @@
     scheduler.abort(rid)                  # leaves the batch before the next step
 
 One `step()`: finished and aborted rows leave the running batch (their memory is released); the running
-batch takes one decoding step (decoding.decode_step) with the block size the policy picks for its size;
+batch takes one decoding step (step.decode_step, verified by the scheduler's method) with the block size the policy picks for its size;
 then the prefill of waiting requests advances by one chunk of at most `prefill_chunk_tokens` tokens, so a
 long prompt stalls the running streams by a bounded amount per step. A prefilled group takes its first
 decoding step on its own (so the drafter takes in its prompt without widening the whole batch) and then
@@ -29,13 +29,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from dflash_trt.decoding.step.batch import Request, RunningBatch
+from dflash_trt.decoding.model.protocols import Drafter, Target
 from dflash_trt.decoding.scheduler.block_policy import AdaptiveBlockSize, BlockSizePolicy
-from dflash_trt.decoding.step.step import FEATURE_BACKLOG, absorb_context, decode_step, resolve_block_size
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.scheduler.prefill import PrefillJob
+from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.step.step import FEATURE_BACKLOG, absorb_context, decode_step, resolve_block_size
+from dflash_trt.decoding.step.verify import ChainVerify, VerifyMethod
+from dflash_trt.errors import DFlashError
 
 
 def allowed_block_sizes(drafter, max_block_size: int) -> list[int]:
@@ -70,9 +72,12 @@ class SchedulerLimits:
 class Scheduler:
     """A running batch that requests join and leave between decoding steps (module docstring)."""
 
-    def __init__(self, target, drafter=None, block_size: int | None = None, limits: SchedulerLimits | None = None,
-                 policy: BlockSizePolicy | None = None):
+    def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
+                 limits: SchedulerLimits | None = None, policy: BlockSizePolicy | None = None,
+                 method: VerifyMethod | None = None):
+        """method: how drafts are verified (step/verify; default the chain)."""
         self.target = target
+        self.method = method or ChainVerify()
         self.max_block_size = resolve_block_size(drafter, block_size)
         self.drafter = drafter if self.max_block_size > 1 else None
         if self.drafter is not None:
@@ -172,7 +177,7 @@ class Scheduler:
         else:
             block_size = block_size if block_size in self.block_sizes else self.max_block_size
         start = time.perf_counter()
-        report = decode_step(self.target, self.drafter, batch, block_size, self.layer_ids)
+        report = decode_step(self.target, self.drafter, batch, block_size, self.layer_ids, self.method)
         if not first:
             self.policy.observe(len(batch), block_size, time.perf_counter() - start, report.accepted)
         return report.outputs

@@ -14,10 +14,10 @@ from typing import Hashable, Sequence
 
 import torch
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.model.kv_cache import BatchKVCache
 from dflash_trt.decoding.step.results import GenerationResult, StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams, new_seed
+from dflash_trt.errors import DFlashError
 
 
 class Request:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.kernels.plugin.build import DEFAULT_BUILD_DIR, PLUGIN_SOURCE_DIR
+from dflash_trt.errors import DFlashError
 
 SOURCE_DIR = PLUGIN_SOURCE_DIR / "dflashAttention"
 SOURCES = ("dflashAttentionTorch.cu", "dflashAttentionKernel.cu", "dflashAttentionConfig.cpp",
@@ -104,8 +104,7 @@ def load_cuda_op():
 
 def rope_fields(rope, num_heads: int, num_kv_heads: int, head_dim: int) -> list[float]:
     """The op's field list of a drafter attention from its RotaryEmbedding (the same RoPE maths in C++)."""
-    from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
-    from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
+    from dflash_trt.decoding.kernels.plugin.fields import AttentionFields, fields_to_list
 
     scaling = None
     if rope.yarn is not None:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
-from dflash_trt.decoding.kernels.plugin.library import _MESSAGE_CAPACITY, _DTYPE_CODES, _c_fields, _CFields, load_library
+from dflash_trt.decoding.kernels.plugin.library import (_DTYPE_CODES, _MESSAGE_CAPACITY, _c_fields, _CFields,
+                                                        load_library)
+from dflash_trt.errors import DFlashError
 
 INPUT_ORDER = ("q", "k", "v", "ctx_k", "ctx_v", "cache_k", "cache_v", "cache_lens", "ctx_lens")
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_trt.errors import ConfigError, DFlashError
-from dflash_trt.decoding.kernels.plugin.build import CPU_TARGET, LIBRARY_DIR_ENV, PLUGIN_SOURCE_DIR, build_plugins, library_path
+from dflash_trt.decoding.kernels.plugin.build import (CPU_TARGET, LIBRARY_DIR_ENV, PLUGIN_SOURCE_DIR, build_plugins,
+                                                      library_path)
 from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES, AttentionFields
+from dflash_trt.errors import ConfigError, DFlashError
 
 _MESSAGE_CAPACITY = 1024
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -13,9 +13,8 @@ import functools
 import numpy as np
 import torch
 
-from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES
+from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES, fields_from_list
 from dflash_trt.decoding.kernels.plugin.onnx_node import INT_FIELDS, ONNX_DOMAIN, OP_TYPE
-from dflash_trt.decoding.kernels.plugin.fields import fields_from_list
 
 PYTHON_OP_DOMAIN = "ai.onnx.contrib"
 

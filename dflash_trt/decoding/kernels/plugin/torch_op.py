@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from dflash_trt.decoding.kernels.plugin.fields import FIELD_NAMES, fields_from_list
-from dflash_trt.decoding.kernels.plugin.onnx_node import DOMAIN_VERSION, INPUT_NAMES, INT_FIELDS, ONNX_DOMAIN, OP_TYPE, OUTPUT_NAMES, node_attributes
+from dflash_trt.decoding.kernels.plugin.onnx_node import (DOMAIN_VERSION, INPUT_NAMES, INT_FIELDS, ONNX_DOMAIN, OP_TYPE,
+                                                          OUTPUT_NAMES, node_attributes)
 
 
 @torch.library.custom_op("dflash::draft_attention", mutates_args=())

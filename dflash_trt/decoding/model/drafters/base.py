@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from dflash_trt.decoding.kernels.attention import draft_attention, windowed_draft_attention
-from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.kernels.rope import RotaryEmbedding
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.context_cache import ContextCache
 from dflash_trt.decoding.model.protocols import Proposal, RowSampling
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 and cast back before the weight multiply (as Qwen3/Llama do)."""

@@ -6,9 +6,10 @@ import torch
 from torch import nn
 
 from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.decoding.model.protocols import Proposal
+from dflash_trt.decoding.model.drafters.base import (MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes,
+                                                     layer_shapes)
 from dflash_trt.decoding.model.drafters.registry import register
-from dflash_trt.decoding.model.drafters.base import MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes, layer_shapes
+from dflash_trt.decoding.model.protocols import Proposal
 
 
 class DraftLayer(nn.Module):

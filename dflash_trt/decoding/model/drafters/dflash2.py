@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.model.drafters.base import (MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes,
+                                                     layer_shapes)
 from dflash_trt.decoding.model.drafters.registry import register
-from dflash_trt.decoding.model.drafters.base import MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes, layer_shapes
 from dflash_trt.decoding.model.protocols import Proposal, RowSampling
 
 CODEBOOKS = ("predecessor_codebook", "successor_codebook")

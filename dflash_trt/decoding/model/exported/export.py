@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.decoding.kernels.plugin.fields import AttentionFields
-from dflash_trt.decoding.kernels.plugin.fields import fields_to_list
+from dflash_trt.decoding.kernels.plugin.fields import AttentionFields, fields_to_list
 from dflash_trt.decoding.kernels.plugin.torch_op import draft_attention_op, onnx_translation
+from dflash_trt.decoding.model.config import DrafterConfig
 
 OPSET = 20
 

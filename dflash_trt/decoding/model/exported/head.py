@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from dflash_trt.decoding.model.drafters import DrafterBase, load_drafter
-from dflash_trt.decoding.model.protocols import Proposal, RowSampling
 from dflash_trt.decoding.model.exported.ragged_blocks import propose_by_length
+from dflash_trt.decoding.model.protocols import Proposal, RowSampling
 
 
 def draft_head(drafter: DrafterBase) -> DrafterBase:

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.decoding.model.drafters import DrafterBase
-from dflash_trt.errors import DFlashError
-from dflash_trt.decoding.model.context_cache import ContextCache
-from dflash_trt.decoding.model.exported.head import ExportedDrafter, draft_head
-from dflash_trt.decoding.model.exported.export import cache_names
 from dflash_trt.decoding.kernels.plugin.onnx_node import ort_library
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.model.context_cache import ContextCache
+from dflash_trt.decoding.model.drafters import DrafterBase
+from dflash_trt.decoding.model.exported.export import cache_names
+from dflash_trt.decoding.model.exported.head import ExportedDrafter, draft_head
+from dflash_trt.errors import DFlashError
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _TORCH_TYPES = {np.float32: torch.float32, np.float16: torch.float16}

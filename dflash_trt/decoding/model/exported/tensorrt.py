@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.decoding.model.drafters import DrafterBase
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.model.context_cache import ContextCache
-from dflash_trt.decoding.model.exported.head import ExportedDrafter
+from dflash_trt.decoding.model.drafters import DrafterBase
 from dflash_trt.decoding.model.exported.export import cache_names
+from dflash_trt.decoding.model.exported.head import ExportedDrafter
+from dflash_trt.errors import DFlashError
 
 INPUTS = ("block_embeds", "features", "cache_lens", "ctx_lens")
 

@@ -25,10 +25,10 @@ from typing import Sequence
 import torch
 
 from dflash_trt.decoding.model.graphs.capture import GraphPool
-from dflash_trt.errors import CompatibilityError
 from dflash_trt.decoding.model.graphs.drafter import bucket_for
 from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache
 from dflash_trt.decoding.model.target import TargetModel, TargetOutput
+from dflash_trt.errors import CompatibilityError
 
 HOST_READ_ROPE_TYPES = ("dynamic", "longrope")
 
