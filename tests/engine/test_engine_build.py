@@ -183,7 +183,8 @@ def test_bad_preset_is_a_one_line_cli_error(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (f"error: {bad}: unknown key 'blocksize' (known keys: name, target, "
                                                "drafter, block_size, description, runtime, tp, ep, dtype, quant, "
                                                "kv_dtype, gpu, memory_fraction, max_batch_size, max_seq_len, "
-                                               "moe_backend, profile, draft_attention_backend, cuda_graph_batch_sizes)")
+                                               "moe_backend, profile, draft_attention_backend, kv_block_reuse, "
+                                               "cuda_graph_batch_sizes)")
 
 
 def test_tensorrt_build_runs_trtexec_with_the_plugin_and_a_shape_profile(tiny_preset, tiny_pair_hd64, tmp_path,
