@@ -259,3 +259,19 @@ def test_the_dflash_model_answers_a_refused_option_with_one_error_naming_it(trtl
     assert "failed:" not in response.error.message()  # a request's mistake: 400 at Triton and at the gateway
     assert trtllm.instances[0].calls == []
     runtime.close()
+
+
+def test_the_load_time_canary_runs_greedy_and_sampled_on_tensorrt_llm(trtllm, monkeypatch, fake_pb):
+    from dflash_trt.serving import canary
+    from dflash_trt.serving.metrics import DFlashMetrics
+
+    install_dflash_config(monkeypatch)
+    runtime = TrtllmRuntime(DFLASH_OPTIONS, tokenizer=None, block_size=8)
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    greedy, sampled = canary.check_at_load(runtime, 16, metrics, fake_pb.Logger)
+    (_, greedy_params, _), (_, sampled_params, _) = trtllm.instances[0].calls
+    assert greedy_params.temperature == 0.0 and not hasattr(greedy_params, "seed")
+    assert (sampled_params.temperature, sampled_params.seed) == (canary.CANARY_TEMPERATURE, canary.CANARY_SEED)
+    assert sampled.temperature == canary.CANARY_TEMPERATURE and sampled.num_draft_tokens == 21  # the script's
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_rate"].value == sampled.acceptance_rate
+    runtime.close()
