@@ -202,8 +202,9 @@ def check_runtime(minimum: str, version_of: Callable[[], str] = installed_trtllm
     needs FlashInfer per TensorRT-LLM's DecodingBaseConfig; so does the TRTLLM draft attention)."""
     version = version_of()
     if plan.version_key(version) < plan.version_key(minimum):
-        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash serving needs >= {minimum} (admission refusals "
-                          "under speculation, filled acceptance counters, DFlash 1.4 fields); choose a newer base image")
+        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash serving needs >= {minimum} (admission "
+                          "refusals under speculation, filled acceptance counters, DFlash 1.4 fields); choose a "
+                          "newer base image")
     flashinfer = flashinfer_of()
     if flashinfer is None:
         raise DeployError("FlashInfer is not installed: TensorRT-LLM's rejection sampling for DFlash at temperature > 0 "
