@@ -3,11 +3,14 @@
 # its Makefile. It builds engines (`entrypoint engine|prepare`) and serves a model repository (`entrypoint serve`).
 #
 # Base: NGC tritonserver 26.10, trtllm-python-py3 flavour (Triton 2.74, CUDA 13.4, Python 3.12).
-# DFlash needs TensorRT-LLM >= 1.3.0rc13, the first release with DFlashDecodingConfig (NVIDIA/TensorRT-LLM
-# PR #12794, DFlash on gpt-oss included; 1.3.0rc12 predates it). This base is expected to carry TensorRT-LLM
-# 1.3.x, but only the 26.07 row (TensorRT-LLM 1.2.1, too old) is confirmed in Triton's compatibility table.
-# The build runs `check-runtime` and fails if the base carries an older TensorRT-LLM
-# (deploy/README.md, Known issues). Override with --build-arg BASE_IMAGE=... to move to a newer tag.
+# DFlash serving needs TensorRT-LLM >= 1.4.0rc4 and FlashInfer. DFlash itself entered with NVIDIA/TensorRT-LLM
+# PR #12794 (1.3.0rc13), but the serving path relies on later changes: filled acceptance counters (#17082),
+# admission refusals instead of silently dropped options under speculation (#17701, #17955, #19161, #18401)
+# and the drafter's context cache inside the memory budget (#18343). No tag holding all of them could be
+# confirmed, so the floor is the newest documented release. Only the 26.07 row (TensorRT-LLM 1.2.1, too old)
+# is confirmed in Triton's compatibility table. The build runs `check-runtime` and fails on an older
+# TensorRT-LLM or a missing FlashInfer (deploy/README.md, Known issues). Override with --build-arg
+# BASE_IMAGE=... to move to a newer tag.
 #
 # Build from the repository root:  docker build -f deploy/docker/gpu.Dockerfile -t dflash-trt-gpu:0.1.0 .
 ARG BASE_IMAGE=nvcr.io/nvidia/tritonserver:26.10-trtllm-python-py3
@@ -15,7 +18,7 @@ FROM ${BASE_IMAGE}
 
 # CUDA architectures for the plugin kernels: Hopper (H100/H200) and Blackwell (B200/B300).
 ARG CUDA_ARCHS="90;100"
-ARG MIN_TRTLLM_VERSION=1.3.0rc13
+ARG MIN_TRTLLM_VERSION=1.4.0rc4
 
 ENV DFLASH_HOME=/opt/dflash-trt \
     DFLASH_DATA=/data \

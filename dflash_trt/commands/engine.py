@@ -23,6 +23,9 @@ def register(subparsers) -> None:
                         help="trtllm MoE backend (default: the preset's; AUTO chooses per GPU, see engine/moe.py)")
     parser.add_argument("--profile", choices=PROFILES,
                         help="trtllm: NVIDIA's gpt-oss recipe settings for latency or throughput (default: the preset's)")
+    parser.add_argument("--kv-block-reuse", action=argparse.BooleanOptionalAction, default=None,
+                        help="trtllm: reuse KV-cache blocks of shared prompt prefixes (default: the preset's, off: "
+                             "a reused prefix gives the drafter no hidden states; check the canary if on)")
     add_checkpoint_arguments(parser)
     add_speculative_config_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and touch nothing")
@@ -54,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, tp=args.tp, ep=args.ep, runtime=args.runtime, quant=args.quant, kv_dtype=args.kv_dtype,
         gpu=args.gpu, memory_fraction=args.memory_fraction, out=args.out, target=args.target, drafter=args.drafter,
         checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run, block_size=spec.block_size if spec else None,
-        moe_backend=args.moe_backend, profile=args.profile),
+        moe_backend=args.moe_backend, profile=args.profile, kv_block_reuse=args.kv_block_reuse),
         log=lambda line: print(line, flush=True))
     return 0

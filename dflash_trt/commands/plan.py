@@ -22,7 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_trt.decoding.model.config import DrafterConfig
+    from dflash_trt.decoding.OLD.model.config import DrafterConfig
     from dflash_trt.engine.arch import read_target_arch
     from dflash_trt.engine.moe import resolve_moe
     from dflash_trt.engine.planner import format_plan, plan_parallelism
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     target = _config_source("target", preset.target, args.target, args.checkpoints_dir)
     drafter = _config_source("drafter", preset.drafter, args.drafter, args.checkpoints_dir)
     arch = read_target_arch(target.path)
-    preset = resolve_moe(preset, arch)  # TRITON on Hopper splits experts by EP only: the plan uses its EP
+    preset = resolve_moe(preset, arch)  # the MoE rule may change EP (TRITON splits experts by EP only)
     plan = plan_parallelism(preset.name, arch, DrafterConfig.from_file(drafter.path /
                             "config.json"), preset.tp, preset.ep, preset.gpu, preset.kv_dtype, preset.memory_fraction,
                             preset.dtype, preset.quant, args.seq_len or preset.max_seq_len)

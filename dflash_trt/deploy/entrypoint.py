@@ -186,13 +186,31 @@ def installed_trtllm_version() -> str:
     raise DeployError("TensorRT-LLM is not installed in this image (DFlash serving on GPUs needs it)")
 
 
-def check_runtime(minimum: str, version_of: Callable[[], str] = installed_trtllm_version) -> str:
-    """One line naming the installed TensorRT-LLM; DeployError when it is older than `minimum`."""
+def installed_flashinfer_version() -> str | None:
+    for name in ("flashinfer-python", "flashinfer"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_runtime(minimum: str, version_of: Callable[[], str] = installed_trtllm_version,
+                  flashinfer_of: Callable[[], str | None] = installed_flashinfer_version) -> str:
+    """One line naming the installed TensorRT-LLM and FlashInfer; DeployError when TensorRT-LLM is older than
+    `minimum` or FlashInfer is missing (the trtllm options turn on use_rejection_sampling, whose one-model path
+    needs FlashInfer per TensorRT-LLM's DecodingBaseConfig; so does the TRTLLM draft attention)."""
     version = version_of()
     if plan.version_key(version) < plan.version_key(minimum):
-        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash (DFlashDecodingConfig) needs >= {minimum} "
-                          "(choose a newer base image)")
-    return f"TensorRT-LLM {version} (>= {minimum})"
+        raise DeployError(f"TensorRT-LLM {version} is too old: DFlash serving needs >= {minimum} (admission "
+                          "refusals under speculation, filled acceptance counters, DFlash 1.4 fields); choose a "
+                          "newer base image")
+    flashinfer = flashinfer_of()
+    if flashinfer is None:
+        raise DeployError("FlashInfer is not installed: TensorRT-LLM's rejection sampling for DFlash at temperature > 0 "
+                          "(speculative_config.use_rejection_sampling) needs it; choose a base image that ships "
+                          "flashinfer-python")
+    return f"TensorRT-LLM {version} (>= {minimum}), FlashInfer {flashinfer}"
 
 
 def main(argv: Sequence[str] | None = None, supervisor: Supervisor | None = None) -> int:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.decoding.model.drafters.support import check_runtime
+from dflash_trt.decoding.OLD.model.config import DrafterConfig
+from dflash_trt.decoding.OLD.model.drafters.support import check_runtime
 from dflash_trt.errors import ConfigError
 from dflash_trt.engine import steps
 from dflash_trt.engine.arch import TargetArch, read_target_arch
@@ -49,6 +49,7 @@ class BuildRequest:
     block_size: int | None = None  # --speculative-config's num_speculative_tokens + 1
     moe_backend: str | None = None
     profile: str | None = None
+    kv_block_reuse: bool | None = None  # trtllm: KV-cache block reuse (None: the preset's)
 
 
 @dataclass
@@ -138,7 +139,7 @@ def _preset(request: BuildRequest) -> Preset:
     preset = load_preset(request.model).with_overrides(
         tp=request.tp, ep=request.ep, runtime=request.runtime, quant=request.quant, kv_dtype=request.kv_dtype,
         gpu=request.gpu, memory_fraction=request.memory_fraction, block_size=request.block_size,
-        moe_backend=request.moe_backend, profile=request.profile)
+        moe_backend=request.moe_backend, profile=request.profile, kv_block_reuse=request.kv_block_reuse)
     if preset.runtime in SINGLE_DEVICE_RUNTIMES and preset.tp > 1:
         raise ConfigError(f"runtime {preset.runtime} runs the target on one device; TP={preset.tp} needs "
                           "--runtime trtllm")

@@ -1,16 +1,24 @@
 """Which MoE backend (and expert parallelism) TensorRT-LLM runs, chosen per GPU architecture.
 
-The rule, for MXFP4 experts (gpt-oss, as shipped), follows NVIDIA's gpt-oss guide
-(NVIDIA/TensorRT-LLM docs/source/deployment-guide/deployment-guide-for-gpt-oss-on-trtllm.md, "MoE Backend
-Support Matrix") and the model's README (examples/models/core/gpt_oss/README.md, "MoE Support Matrix"):
+The rule, for MXFP4 experts (gpt-oss, as shipped):
 
-| GPU                        | activations | AUTO picks | also allowed | experts split by           |
-|----------------------------|-------------|------------|--------------|----------------------------|
-| Blackwell (b200, b300)     | MXFP8       | TRTLLM     | CUTLASS      | the preset's ep (TP or EP) |
-| Hopper (h100, h200)        | BF16        | TRITON     | CUTLASS      | TRITON: ep = tp (EP only)  |
+| GPU                    | activations | AUTO writes | also allowed         | experts split by           |
+|------------------------|-------------|-------------|----------------------|----------------------------|
+| Blackwell (b200, b300) | MXFP8       | TRTLLM      | CUTLASS              | the preset's ep (TP or EP) |
+| Hopper (h100, h200)    | BF16        | CUTLASS     | TRITON (deprecated)  | CUTLASS: the preset's ep;  |
+|                        |             |             |                      | TRITON: ep = tp (EP only)  |
 
-TRTLLM's MXFP4 MoE kernels exist on Blackwell only; TRITON (OpenAI's Triton kernels) has no tensor
-parallelism inside the experts, so with TRITON the experts are split by expert parallelism alone (ep = tp).
+Sources (NVIDIA/TensorRT-LLM):
+- Blackwell: the gpt-oss deployment guide (docs/source/deployment-guide/deployment-guide-for-gpt-oss-on-trtllm.md,
+  "MoE Backend Support Matrix") lists TRTLLM for B200/GB200/B300/GB300, its quick-start recipe CUTLASS for
+  max throughput; the curated gpt-oss-120b configs set TRTLLM. Nothing else is listed for Blackwell.
+- TRITON: deprecated since 1.3, removal announced (PR #19035). It is never written for Blackwell; on Hopper,
+  where the guide still names it as TensorRT-LLM's AUTO choice, it is accepted only when asked for by name.
+- Hopper: TRTLLM's MXFP4 MoE kernels are Blackwell-only; CUTLASS runs MXFP4 experts with BF16 activations and
+  keeps the experts' tensor parallelism, so it is what AUTO writes there (TensorRT-LLM's own AUTO would pick
+  the deprecated TRITON).
+TRITON (OpenAI's Triton kernels) has no tensor parallelism inside the experts, so with TRITON the experts are
+split by expert parallelism alone (ep = tp) (examples/models/core/gpt_oss/README.md, "MoE Support Matrix").
 `moe_backend: AUTO` in a preset means "apply this rule"; an explicit backend is checked against it.
 Targets without MXFP4 experts keep the preset's backend as written (AUTO lets TensorRT-LLM choose).
 """
@@ -26,8 +34,9 @@ from dflash_trt.engine.presets import Preset
 BLACKWELL = ("b200", "b300")
 HOPPER = ("h100", "h200")
 AUTO = "AUTO"
-# What runs MXFP4 experts on each architecture, the recommended backend first.
-MXFP4_BACKENDS = {"blackwell": ("TRTLLM", "CUTLASS", "TRITON"), "hopper": ("TRITON", "CUTLASS")}
+# What runs MXFP4 experts on each architecture, the backend AUTO writes first.
+MXFP4_BACKENDS = {"blackwell": ("TRTLLM", "CUTLASS"), "hopper": ("CUTLASS", "TRITON")}
+DEPRECATED_BACKENDS = {"TRITON": "deprecated since TensorRT-LLM 1.3, removal announced (NVIDIA/TensorRT-LLM #19035)"}
 # Backends without tensor parallelism inside the experts (examples/models/core/gpt_oss/README.md).
 EP_ONLY_BACKENDS = ("TRITON",)
 
@@ -51,8 +60,11 @@ def resolve_moe(preset: Preset, arch: TargetArch, log=None) -> Preset:
         if backend == AUTO:
             backend = allowed[0]
         elif backend not in allowed:
+            why = f" ({DEPRECATED_BACKENDS[backend]})" if backend in DEPRECATED_BACKENDS else ""
             raise ConfigError(f"moe_backend {backend} cannot run MXFP4 experts on {preset.gpu} "
-                              f"({architecture(preset.gpu)}); use {' or '.join(allowed)} (or AUTO: {allowed[0]})")
+                              f"({architecture(preset.gpu)}){why}; use {' or '.join(allowed)} (or AUTO: {allowed[0]})")
+    if backend in DEPRECATED_BACKENDS and log is not None:
+        log(f"  warning: moe_backend {backend} is {DEPRECATED_BACKENDS[backend]}")
     if backend in EP_ONLY_BACKENDS and ep != preset.tp:
         if preset.moe_backend != AUTO:
             raise ConfigError(f"moe_backend {backend} splits experts by expert parallelism only: set ep = tp "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_trt.errors import ConfigError
+from dflash_trt.engine.artifacts.trtllm_schema import MOE_BACKENDS  # TensorRT-LLM's MoeConfig.backend values
 from dflash_trt.engine.recipes import PROFILES  # NVIDIA's gpt-oss-120b recipe settings; "none" adds nothing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +28,8 @@ QUANTS = ("none", "fp8", "nvfp4", "mxfp4")
 DTYPES = ("float32", "bfloat16", "float16")
 KV_DTYPES = ("bf16", "fp8")
 GPUS = ("h100", "h200", "b200", "b300")
-# TensorRT-LLM's MoeConfig.backend and DFlashDecodingConfig.attention_backend values (see
-# artifacts/trtllm_schema.py for the version they come from).
-MOE_BACKENDS = ("AUTO", "CUTLASS", "CUTEDSL", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN",
-                "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL")
+# TensorRT-LLM's DFlashDecodingConfig.attention_backend values (artifacts/trtllm_schema.py says from which
+# version); which GPU runs which is checked by artifacts/trtllm.py.
 DRAFT_ATTENTION_BACKENDS = ("VANILLA", "TRTLLM", "FA4")
 
 
@@ -74,6 +73,10 @@ class Preset:
     moe_backend: str = "AUTO"  # AUTO: chosen per GPU architecture (engine/moe.py states the rule)
     profile: str = "none"  # latency / throughput: NVIDIA's recipe settings (engine/recipes.py)
     draft_attention_backend: str = "VANILLA"
+    # trtllm: KV-cache block (prefix) reuse. Off by default: a prefix-cache hit skips the target forward over
+    # the reused tokens, so the drafter gets no hidden states for them (TensorRT-LLM's own DFlash tests run
+    # with reuse off; in vLLM prefix reuse collapsed DFlash acceptance, vllm-project/vllm#47930).
+    kv_block_reuse: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     source: str = field(default="", compare=False)
 
@@ -174,6 +177,8 @@ def _validate(p: Preset, source: str) -> None:
     if p.tp % p.ep:
         raise ConfigError(f"{source}: ep ({p.ep}) must divide tp ({p.tp}): the MoE layers split the tp GPUs "
                           "into ep expert groups")
+    if not isinstance(p.kv_block_reuse, bool):
+        raise ConfigError(f"{source}: kv_block_reuse must be true or false, got {p.kv_block_reuse!r}")
     if isinstance(p.memory_fraction, bool) or not isinstance(p.memory_fraction, (int, float)) \
             or not 0 < p.memory_fraction <= 1:
         raise ConfigError(f"{source}: memory_fraction must be in (0, 1], got {p.memory_fraction!r}")

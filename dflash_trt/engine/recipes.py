@@ -29,26 +29,33 @@ class Setting:
     source: str
 
 
+# stream_interval: 20 (NVIDIA's throughput-benchmark knob) makes TensorRT-LLM return a streamed request's
+# tokens every 20 iterations: with DFlash, chunks of up to 20 x block_size tokens (~200 for gpt-oss-120b), so
+# a Triton or OpenAI stream stalls and then bursts. It is kept out of the latency profile, the one for
+# interactive streaming; only the throughput profile (offline / batch traffic) carries it.
+# KV-cache block reuse is not a recipe setting: the preset's kv_block_reuse owns it (presets.py).
 RECIPES: dict[str, tuple[Setting, ...]] = {
     "none": (),
     "latency": (
         Setting("max_num_tokens", 16384, CURATED_LATENCY),
-        Setting("stream_interval", 20, CURATED_LATENCY),
         # Detokenizing processes of trtllm-serve's OpenAI server; the dflash model detokenizes in its
         # postprocessing model, so under Triton they only matter for trtllm-serve on the same options.
         Setting("num_postprocess_workers", 4, CURATED_LATENCY),
-        # Random benchmark prompts share no prefix; NVIDIA turns reuse off in its low-concurrency configs.
-        Setting("kv_cache_config.enable_block_reuse", False, DATABASE_LATENCY),
-        # Programmatic dependent launch; env_overrides is TensorRT-LLM's own way to set it from the options.
-        Setting("env_overrides.TRTLLM_ENABLE_PDL", "1", DATABASE_LATENCY),
+        # Programmatic dependent launch and no NCCL graph buffer registration, as NVIDIA writes them
+        # (integers); env_overrides is TensorRT-LLM's own way to set them from the options.
+        Setting("env_overrides.TRTLLM_ENABLE_PDL", 1, DATABASE_LATENCY),
+        Setting("env_overrides.NCCL_GRAPH_REGISTER", 0, DATABASE_LATENCY),
     ),
     "throughput": (
         Setting("max_num_tokens", 16384, CURATED_THROUGHPUT),
-        Setting("stream_interval", 20, CURATED_THROUGHPUT),
+        Setting("stream_interval", 20, CURATED_THROUGHPUT),  # not for interactive streaming (see above)
         Setting("num_postprocess_workers", 4, CURATED_THROUGHPUT),
-        Setting("env_overrides.TRTLLM_ENABLE_PDL", "1", DATABASE_THROUGHPUT),
+        Setting("env_overrides.TRTLLM_ENABLE_PDL", 1, DATABASE_THROUGHPUT),
+        Setting("env_overrides.NCCL_GRAPH_REGISTER", 0, DATABASE_THROUGHPUT),
     ),
 }
+# Profiles whose options may serve interactive streams: they must not batch responses (stream_interval).
+STREAMING_PROFILES = ("none", "latency")
 PROFILES = tuple(RECIPES)
 
 

@@ -7,6 +7,7 @@ so a request that sends no chunks until the end could not be stopped when its cl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,10 +176,13 @@ def triton_error(message: str) -> APIError:
     """A Triton error response as an OpenAI error: internal failures 500, a full queue 429, else 400.
 
     The models answer a request's own mistakes with the bare message and prefix their internal
-    failures ("generation failed: ..."), which is what tells the two apart here.
+    failures ("generation failed: ..."), which is what tells the two apart here. A message about one input
+    ("input 'min_tokens' = 4 is not supported ...") names it as the error's `param`: the Triton inputs the
+    gateway sends carry the OpenAI parameters' names.
     """
     if "failed:" in message:
         return server_error(message)
     if "queue" in message.lower():
         return APIError(429, f"The server is busy: {message}", type="rate_limit_error", code="queue_full")
-    return invalid(message)
+    named = re.search(r"\binput '(\w+)'", message)
+    return invalid(message, named.group(1) if named else None)

@@ -32,10 +32,14 @@ LATENCY_HISTOGRAMS = {
 # serving tests check that the real tritonserver exports each of them.
 TRITON_METRICS = ("nv_inference_request_success", "nv_inference_request_failure",
                   "nv_inference_pending_request_count", "nv_inference_queue_duration_us")
-# Set once per model instance by the canary generation at load (canary.py).
+# Set once per model instance by the canary generations at load (canary.py): greedy, and sampled (T > 0).
 CANARY_GAUGES = {
-    "dflash_canary_acceptance_rate": "Accepted share of draft tokens in the load-time canary generation",
-    "dflash_canary_acceptance_length": "Mean tokens per verify step (tau) in the load-time canary generation",
+    "dflash_canary_acceptance_rate": "Accepted share of draft tokens in the greedy load-time canary generation",
+    "dflash_canary_acceptance_length": "Mean tokens per verify step (tau) in the greedy load-time canary generation",
+    "dflash_canary_sampled_acceptance_rate": "Accepted share of draft tokens in the sampled (T > 0) load-time "
+                                             "canary generation",
+    "dflash_canary_sampled_acceptance_length": "Mean tokens per verify step (tau) in the sampled (T > 0) "
+                                               "load-time canary generation",
 }
 
 
@@ -99,13 +103,14 @@ class DFlashMetrics:
             if num_sent_tokens:
                 self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
 
-    def canary(self, acceptance_rate: float, tau: float) -> None:
-        """What the load-time canary generation measured (canary.py)."""
+    def canary(self, acceptance_rate: float, tau: float, temperature: float = 0.0) -> None:
+        """What a load-time canary generation measured (canary.py), greedy or sampled (temperature > 0)."""
+        prefix = "dflash_canary_sampled_" if temperature > 0 else "dflash_canary_"
         with self._lock:
-            if not self.canary_gauges:
-                self.canary_gauges = {name: self.families[name].Metric(labels=self._labels) for name in CANARY_GAUGES}
-            self.canary_gauges["dflash_canary_acceptance_rate"].set(acceptance_rate)
-            self.canary_gauges["dflash_canary_acceptance_length"].set(tau)
+            for name, value in ((prefix + "acceptance_rate", acceptance_rate), (prefix + "acceptance_length", tau)):
+                if name not in self.canary_gauges:
+                    self.canary_gauges[name] = self.families[name].Metric(labels=self._labels)
+                self.canary_gauges[name].set(value)
 
 
 def scrape_totals(metrics_url: str, names, timeout_s: float = 10.0) -> dict[str, float]:
@@ -168,5 +173,5 @@ class NoMetrics:
     def step(self, acceptance_length, num_draft_tokens, num_sent_tokens, clock=None) -> None:
         pass
 
-    def canary(self, acceptance_rate, tau) -> None:
+    def canary(self, acceptance_rate, tau, temperature=0.0) -> None:
         pass

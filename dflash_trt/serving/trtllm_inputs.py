@@ -7,7 +7,8 @@ server does not do (beam search, log probs, an embedding bias) is refused with a
 tensor, never ignored: a client must not silently get a different behaviour.
 
 TensorRT-LLM's logits controls (min_tokens, bad_words, repetition_penalty, presence_penalty,
-frequency_penalty) are not here: they are served (requests.INPUTS, dflash_trt/decoding/step/logits_processors.py).
+frequency_penalty) are not here: the local runtimes serve them (requests.INPUTS, dflash_trt/decoding/step/logits_processors.py);
+the trtllm runtime serves what TensorRT-LLM applies under DFlash and refuses the rest (trtllm_admission.py).
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """The trtllm runtime: TensorRT-LLM's LLM API with its native DFlash speculative decoding.
 
-Written against TensorRT-LLM 1.3.0rc27 (the version the engine builder targets):
+Written against TensorRT-LLM 1.4.0rc4 (the version the engine builder targets):
 `LLM(**options)` with the engine's speculative_config (decoding_type DFlash) and parallelism (nested
-sections converted by `llmapi.llm_utils.update_llm_args_with_extra_dict`),
+sections converted by `llmapi.llm_utils.update_llm_args_with_extra_dict`, engine/artifacts/trtllm_load.py),
 `LLM.generate_async(inputs, sampling_params, streaming=True)` returning a RequestOutput that is
 async-iterable and has `abort()`, `SamplingParams(max_tokens, temperature, top_k, top_p, seed,
 end_id, stop_token_ids, detokenize, return_perf_metrics, min_tokens, bad, add_special_tokens,
 repetition_penalty, presence_penalty, frequency_penalty)`, and per response
 `outputs[0].token_ids_diff` and `.finish_reason`; the acceptance statistics are read by
-trtllm_stats.py (spec_dec_totals, perf-metrics counters, or tokens per iteration).
+trtllm_stats.py (spec_dec_totals, perf-metrics counters, or tokens per iteration). A request option the
+engine cannot honour under speculative decoding (min_tokens, bad words; penalties without
+speculative_config.enable_penalty) is refused before it reaches TensorRT-LLM (trtllm_admission.py).
 
 TensorRT-LLM batches requests in flight, so the model instance serves many requests at once: each
 runs on a worker thread that waits on a queue fed by one asyncio loop owning the LLM.
@@ -22,8 +24,13 @@ import queue
 import threading
 from typing import Iterator
 
-from dflash_trt.serving.requests import GenerationRequest
+from dflash_trt.engine.artifacts.trtllm_load import llm_kwargs, speculative_fields
+from dflash_trt.serving.generation import Step
+from dflash_trt.serving.requests import GenerationRequest, InvalidRequest
+from dflash_trt.serving.trtllm_admission import Admission
 from dflash_trt.serving.trtllm_stats import AcceptanceReader, Cursor
+
+__all__ = ["TrtllmRuntime", "llm_kwargs", "logits_control_kwargs", "sampling_kwargs"]
 
 MAX_CONCURRENT_REQUESTS = 256
 _DONE = object()
@@ -55,8 +62,10 @@ def sampling_kwargs(request: GenerationRequest, end_ids) -> dict:
 def logits_control_kwargs(request: GenerationRequest) -> dict:
     """min_tokens, bad words and penalties as TensorRT-LLM's SamplingParams fields, only those a request set.
 
-    TensorRT-LLM applies them itself, with the semantics logits_processors.py follows; it tokenizes `bad`
-    with the LLM's tokenizer, without special tokens here (as its Triton preprocessing does)."""
+    Only options the engine honours get here (Admission refuses the others first): under DFlash that is the
+    penalties, with speculative_config.enable_penalty; min_tokens and `bad` only without speculation.
+    TensorRT-LLM's semantics are those logits_processors.py follows; it tokenizes `bad` with the LLM's
+    tokenizer, without special tokens here (as its Triton preprocessing does)."""
     kwargs = {}
     if request.min_tokens > 0:
         kwargs["min_tokens"] = request.min_tokens
@@ -66,20 +75,6 @@ def logits_control_kwargs(request: GenerationRequest) -> dict:
         if getattr(request, name) != neutral:
             kwargs[name] = getattr(request, name)
     return kwargs
-
-
-def llm_kwargs(options: dict) -> dict:
-    """LLM(**kwargs) from the engine's YAML options: nested sections become TensorRT-LLM's config
-    objects the way `trtllm-serve --extra_llm_api_options` does it (speculative_config through
-    DecodingBaseConfig.from_dict, which picks DFlashDecodingConfig by decoding_type)."""
-    options = dict(options)
-    options.pop("env_overrides", None)  # applied to the environment by TrtllmRuntime before the LLM starts
-    try:
-        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
-    except ImportError:
-        return options
-    model = options.pop("model")
-    return update_llm_args_with_extra_dict({"model": model}, options)
 
 
 class TrtllmRuntime:
@@ -101,10 +96,12 @@ class TrtllmRuntime:
         self.default_end_ids = tuple(default_end_ids)
         self.max_concurrent_requests = max_concurrent_requests
         self._sampling_params = tensorrt_llm.SamplingParams
+        self.admission = Admission.for_engine(llm_options, speculative_fields(),
+                                              getattr(tensorrt_llm, "__version__", ""))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-loop", daemon=True)
         self._thread.start()
-        kwargs = llm_kwargs(llm_options)
+        kwargs = llm_kwargs(llm_options)  # the same conversion as the build-time check
         self.llm = self._call(lambda: tensorrt_llm.LLM(**kwargs))
 
     @classmethod
@@ -130,8 +127,15 @@ class TrtllmRuntime:
         return await asyncio.get_running_loop().run_in_executor(None, function)
 
     def steps(self, prompt_ids: list[int], request: GenerationRequest, end_ids) -> Iterator[Step]:
-        """Steps of one request; closing the iterator aborts it inside TensorRT-LLM."""
-        params = self._sampling_params(**sampling_kwargs(request, end_ids))
+        """Steps of one request; closing the iterator aborts it inside TensorRT-LLM.
+
+        Raises InvalidRequest at once (not on the first step) for an option the engine cannot honour."""
+        refusal = self.admission.refusal(request)
+        if refusal:
+            raise InvalidRequest(refusal)
+        return self._steps(prompt_ids, self._sampling_params(**sampling_kwargs(request, end_ids)))
+
+    def _steps(self, prompt_ids: list[int], params) -> Iterator[Step]:
         results: queue.Queue = queue.Queue()
         handle: dict = {}
         future = asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params, results, handle), self._loop)

@@ -14,7 +14,8 @@ from chart_render import CHART, PROFILES, kinds, only, profile_values, render
 from dflash_trt.serving.metrics import TRITON_METRICS, DFlashMetrics
 
 ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}, "serviceMonitor": {"enabled": True}}
-ALERTS = {"DFlashAcceptanceRateLow", "DFlashTauFalling", "DFlashRequestsFailing", "DFlashCanaryAcceptanceNearZero"}
+ALERTS = {"DFlashAcceptanceRateLow", "DFlashTauFalling", "DFlashRequestsFailing", "DFlashCanaryAcceptanceNearZero",
+          "DFlashSampledCanaryAcceptanceNearZero"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC = re.compile(r"\b((?:dflash|nv_inference)_[a-z_]+)\b")
 
@@ -96,7 +97,8 @@ def test_every_metric_read_is_one_the_project_or_triton_exports():
     # Every alert and panel family is used: acceptance, tau, tokens, latency, queue, in flight, canary, errors.
     for name in ("dflash_acceptance_length_bucket", "dflash_generated_tokens_total", "dflash_requests_in_flight",
                  "dflash_time_to_first_token_seconds_bucket", "dflash_inter_token_latency_seconds_bucket",
-                 "nv_inference_pending_request_count", "dflash_canary_acceptance_rate", "nv_inference_request_failure"):
+                 "nv_inference_pending_request_count", "dflash_canary_acceptance_rate",
+                 "dflash_canary_sampled_acceptance_rate", "nv_inference_request_failure"):
         assert name in used, name
 
 

@@ -164,21 +164,27 @@ def test_health_fails_when_nothing_listens():
     assert entrypoint.main(["health", "--url", "http://127.0.0.1:9/v2/health/ready", "--timeout", "1"]) == 1
 
 
-@pytest.mark.parametrize("version", ["1.3.0rc13", "1.3.0rc27", "1.3.0", "1.4.0rc1", "1.4.1", "2.0.0"])
-def test_accepts_tensorrt_llm_with_dflash(version):
+@pytest.mark.parametrize("version", ["1.4.0rc4", "1.4.0", "1.4.1", "2.0.0"])
+def test_accepts_tensorrt_llm_from_the_floor_on(version):
     floor = entrypoint.MIN_TRTLLM_VERSION
-    assert entrypoint.check_runtime(floor, lambda: version) == f"TensorRT-LLM {version} (>= {floor})"
+    assert entrypoint.check_runtime(floor, lambda: version, lambda: "0.6.18") == \
+        f"TensorRT-LLM {version} (>= {floor}), FlashInfer 0.6.18"
 
 
-@pytest.mark.parametrize("version", ["1.3.0rc12", "1.3.0rc11", "1.3.0rc1", "1.2.1", "0.21.0"])
-def test_rejects_tensorrt_llm_without_dflash(version):
-    with pytest.raises(DeployError, match=f"TensorRT-LLM {version} is too old: DFlash"):
-        entrypoint.check_runtime(entrypoint.MIN_TRTLLM_VERSION, lambda: version)
+@pytest.mark.parametrize("version", ["1.4.0rc3", "1.4.0rc1", "1.3.0rc27", "1.3.0rc13", "1.3.0rc12", "1.2.1"])
+def test_rejects_tensorrt_llm_older_than_the_floor(version):
+    with pytest.raises(DeployError, match=f"TensorRT-LLM {version} is too old: DFlash serving needs >= 1.4.0rc4"):
+        entrypoint.check_runtime(entrypoint.MIN_TRTLLM_VERSION, lambda: version, lambda: "0.6.18")
 
 
-def test_check_runtime_defaults_to_the_first_release_with_dflash():
+def test_rejects_an_image_without_flashinfer():
+    with pytest.raises(DeployError, match="FlashInfer is not installed: .*use_rejection_sampling"):
+        entrypoint.check_runtime(entrypoint.MIN_TRTLLM_VERSION, lambda: "1.4.0rc4", lambda: None)
+
+
+def test_check_runtime_defaults_to_the_floor():
     args = entrypoint.build_parser().parse_args(["check-runtime"])
-    assert args.min_trtllm == "1.3.0rc13"
+    assert args.min_trtllm == "1.4.0rc4"
 
 
 def test_missing_tensorrt_llm_is_a_clear_error(capsys):

@@ -32,7 +32,7 @@ def cpu():
 def test_gpu_image_starts_from_a_pinned_triton_trtllm_tag(gpu):
     (image,) = base_images(gpu)
     year, month = map(int, GPU_BASE.match(image).groups())
-    # Triton's compatibility table lists TensorRT-LLM 1.2.1 up to 26.07; DFlash needs >= 1.3.0rc13.
+    # Triton's compatibility table lists TensorRT-LLM 1.2.1 up to 26.07; DFlash serving needs >= 1.4.0rc4.
     assert (year, month) > (26, 7), image
 
 
@@ -43,17 +43,18 @@ def test_cpu_image_starts_from_a_pinned_python_slim_tag(cpu):
 
 def test_gpu_dockerfile_states_the_tensorrt_llm_version_it_needs(gpu):
     text = (DOCKER / "gpu.Dockerfile").read_text()
-    assert f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}" in text and "PR #12794" in text
+    assert f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}" in text and all(pr in text for pr in ("#17082", "#17701", "#18343"))
     check = [run.value for run in find(gpu, "RUN") if "check-runtime" in run.value]
     assert check and "MIN_TRTLLM_VERSION" in check[0]
     assert any(arg.value == f"MIN_TRTLLM_VERSION={MIN_TRTLLM_VERSION}" for arg in find(gpu, "ARG"))
 
 
-def test_the_version_floor_is_the_first_release_after_dflash_landed():
+def test_the_version_floor_is_the_newest_documented_release():
     from dflash_trt.deploy.plan import version_key
 
-    # PR #12794 landed after the 1.3.0rc12 tag: that release and every earlier one lack DFlashDecodingConfig.
-    assert MIN_TRTLLM_VERSION == "1.3.0rc13" and version_key("1.3.0rc12") < version_key(MIN_TRTLLM_VERSION)
+    # No tag holding #17082, #17701, #17955, #19161, #18401 and #18343 could be confirmed: the floor is the newest
+    # documented release, whose DFlashDecodingConfig has every field the options write.
+    assert MIN_TRTLLM_VERSION == "1.4.0rc4" and version_key("1.3.0rc27") < version_key(MIN_TRTLLM_VERSION)
 
 
 @pytest.mark.parametrize("path", ["deploy/docker/requirements-gpu.txt", "deploy/README.md", "README.md"])

@@ -144,6 +144,15 @@ def test_triton_errors_map_to_http_statuses(message, status):
     assert triton_error(message).status == status
 
 
+def test_an_input_the_runtime_cannot_honour_is_a_400_naming_the_parameter():
+    # What the trtllm runtime answers for min_tokens under DFlash (serving/trtllm_admission.py).
+    error = triton_error("input 'min_tokens' = 4 is not supported by the trtllm runtime: TensorRT-LLM cannot "
+                         "apply it under speculative decoding (DFlash); send 0 or leave it out")
+    assert error.status == 400
+    assert error.body()["error"]["type"] == "invalid_request_error" and error.body()["error"]["param"] == "min_tokens"
+    assert triton_error("top_p must be in (0, 1], got 0").body()["error"]["param"] is None
+
+
 LAST = Piece(text="!", finish_reason="stop", num_output_tokens=9, total_draft_tokens=21,
              total_accepted_draft_tokens=6, acceptance_rate=6 / 21)
 

@@ -77,16 +77,34 @@ def test_the_prompt_goes_through_the_engines_chat_template(smollm2_tokenizer):
 
 def test_check_at_load_logs_and_exports(canary_pair, fake_pb):
     metrics = DFlashMetrics(fake_pb, "dflash")
-    result = canary.check_at_load(runtime_for(canary_pair, "useless"), 16, metrics, fake_pb.Logger)
-    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == result.acceptance_rate < 0.05
-    assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == result.tau
-    (line,) = fake_pb.Logger.lines
-    assert line[0] == "warn" and "ACCEPTANCE NEAR ZERO" in line[1]
+    greedy, sampled = canary.check_at_load(runtime_for(canary_pair, "useless"), 16, metrics, fake_pb.Logger)
+    assert (greedy.temperature, sampled.temperature) == (0.0, canary.CANARY_TEMPERATURE)
+    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == greedy.acceptance_rate < 0.05
+    assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == greedy.tau
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_rate"].value == sampled.acceptance_rate < 0.05
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_length"].value == sampled.tau
+    first, second = fake_pb.Logger.lines
+    assert first[0] == "warn" and "ACCEPTANCE NEAR ZERO at load: greedy:" in first[1]
+    assert second[0] == "warn" and "sampled at temperature 1:" in second[1]
+
+
+def test_the_sampled_canary_really_samples(canary_pair):
+    # The good drafter always drafts token 0, which greedy decoding of this target always picks. Sampled at
+    # T > 0, the target's distribution is uniform over 49152 tokens: a one-hot draft is accepted only when
+    # the sample equals it, so acceptance collapses. A canary that ran greedy at T > 0 would read 100 % here.
+    runtime = runtime_for(canary_pair, "good")
+    greedy = canary.run_canary(runtime, 24)
+    sampled = canary.run_canary(runtime, 24, temperature=canary.CANARY_TEMPERATURE)
+    assert greedy.acceptance_rate == 1.0 and sampled.is_near_zero and sampled.num_output_tokens == 24
+    level, message = canary.describe(sampled)
+    assert level == "warn" and "use_rejection_sampling: true" in message
+    again = canary.run_canary(runtime, 24, temperature=canary.CANARY_TEMPERATURE)
+    assert (again.num_accepted_tokens, again.num_spec_steps) == (sampled.num_accepted_tokens, sampled.num_spec_steps)
 
 
 def test_canary_tokens_zero_turns_it_off(fake_pb):
     metrics = DFlashMetrics(fake_pb, "dflash")
-    assert canary.check_at_load(object(), 0, metrics, fake_pb.Logger) is None
+    assert canary.check_at_load(object(), 0, metrics, fake_pb.Logger) == []
     assert fake_pb.Logger.lines == [("info", "dflash canary: off (canary_tokens 0)")]
     assert metrics.canary_gauges == {}  # nothing exported, so no alert on a canary that never ran
     assert metrics.families["dflash_canary_acceptance_rate"].metrics == []
@@ -99,7 +117,7 @@ def test_a_model_that_cannot_generate_fails_its_load(fake_pb, smollm2_tokenizer)
         def steps(self, prompt_ids, request, end_ids):
             raise RuntimeError("CUDA error: out of memory")
 
-    with pytest.raises(RuntimeError, match="canary: the load-time generation failed: CUDA error"):
+    with pytest.raises(RuntimeError, match=r"canary: the load-time generation \(temperature 0\) failed: CUDA error"):
         canary.check_at_load(Broken(), 8, DFlashMetrics(fake_pb, "dflash"), fake_pb.Logger)
 
 
@@ -121,6 +139,8 @@ def test_tritonserver_log_and_metrics_show_a_useless_drafter(canary_pair, tmp_pa
     rate = float(re.search(r'^dflash_canary_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
     tau = float(re.search(r'^dflash_canary_acceptance_length\{model="dflash"\} (\S+)$', page, re.M).group(1))
     assert rate < canary.NEAR_ZERO_ACCEPTANCE and 1.0 <= tau < 1.5
+    sampled = float(re.search(r'^dflash_canary_sampled_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
+    assert sampled < canary.NEAR_ZERO_ACCEPTANCE and "sampled at temperature 1:" in log
 
 
 def test_a_target_without_a_tokenizer_still_gets_its_canary(tmp_path):

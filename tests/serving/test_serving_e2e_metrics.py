@@ -64,9 +64,12 @@ def test_the_load_time_canary_is_logged_and_exported(triton):
     values = scrape(triton)
     rate, tau = values["dflash_canary_acceptance_rate"], values["dflash_canary_acceptance_length"]
     assert 0.0 <= rate <= 1.0 and 1.0 <= tau <= BLOCK_SIZE
+    sampled_rate = values["dflash_canary_sampled_acceptance_rate"]
+    assert 0.0 <= sampled_rate <= 1.0 and 1.0 <= values["dflash_canary_sampled_acceptance_length"] <= BLOCK_SIZE
     lines = [line for line in triton.log.splitlines() if "dflash canary:" in line]
-    assert len(lines) == 2  # one per dflash instance of the served repository
+    assert len(lines) == 4  # greedy and sampled, per dflash instance of the served repository
     assert all(f"block_size {BLOCK_SIZE}" in line for line in lines)
+    assert sum("sampled at temperature 1:" in line for line in lines) == 2
 
 
 def test_time_to_first_token_is_observed_once_per_request_and_gaps_per_later_release(triton):

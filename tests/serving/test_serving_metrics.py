@@ -7,6 +7,7 @@ from dflash_trt.serving.metrics import ACCEPTANCE_BUCKETS, DRAFTING_COUNTERS, DF
 NAMES = {"dflash_requests_in_flight", "dflash_acceptance_length", "dflash_draft_tokens_total",
          "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total",
          "dflash_plain_steps_total", "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length",
+         "dflash_canary_sampled_acceptance_rate", "dflash_canary_sampled_acceptance_length",
          "dflash_time_to_first_token_seconds", "dflash_inter_token_latency_seconds"}
 
 
@@ -55,12 +56,17 @@ def test_in_flight_goes_up_and_down(fake_pb):
     assert metrics.in_flight.value == 1
 
 
-def test_the_canary_sets_its_two_gauges(fake_pb):
+def test_the_canary_sets_its_gauges_greedy_and_sampled(fake_pb):
     metrics = DFlashMetrics(fake_pb, "dflash")
     metrics.canary(0.25, 2.75)
     assert metrics.families["dflash_canary_acceptance_rate"].kind == "gauge"
     assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == 0.25
     assert metrics.canary_gauges["dflash_canary_acceptance_length"].value == 2.75
+    assert "dflash_canary_sampled_acceptance_rate" not in metrics.canary_gauges
+    metrics.canary(0.125, 1.5, temperature=1.0)
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_rate"].value == 0.125
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_length"].value == 1.5
+    assert metrics.canary_gauges["dflash_canary_acceptance_rate"].value == 0.25  # the greedy one is untouched
 
 
 def test_a_request_clock_gives_time_to_first_token_then_inter_token_gaps(fake_pb):

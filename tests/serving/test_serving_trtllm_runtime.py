@@ -166,3 +166,112 @@ def test_errors_of_the_llm_reach_the_request(trtllm):
     with pytest.raises(RuntimeError, match="KV cache exhausted"):
         list(runtime.steps([1], GenerationRequest("x", 16), ()))
     runtime.close()
+
+
+# --- Request options under one-model speculation (trtllm_admission.py) ---
+
+DFLASH_OPTIONS = {"model": "/models/gpt-oss-120b",
+                  "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "enable_penalty": True,
+                                         "use_rejection_sampling": True}}
+
+
+def install_dflash_config(monkeypatch, fields=("max_draft_len", "enable_penalty", "use_rejection_sampling")):
+    """tensorrt_llm.llmapi.DFlashDecodingConfig of a release with these pydantic fields."""
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.DFlashDecodingConfig = type("DFlashDecodingConfig", (), {"model_fields": dict.fromkeys(fields)})
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+
+
+@pytest.mark.parametrize("request_, name", [
+    (GenerationRequest("x", 8, min_tokens=4), "min_tokens"),
+    (GenerationRequest("x", 8, bad_words=("foo",)), "bad_words"),
+])
+def test_options_tensorrt_llm_cannot_apply_under_dflash_are_refused_before_it_sees_them(trtllm, monkeypatch,
+                                                                                     request_, name):
+    from dflash_trt.serving.requests import InvalidRequest
+
+    install_dflash_config(monkeypatch)
+    runtime = TrtllmRuntime(DFLASH_OPTIONS, tokenizer=None, block_size=8)
+    with pytest.raises(InvalidRequest, match=f"^input '{name}' = .* is not supported by the trtllm runtime: "
+                                             "TensorRT-LLM cannot apply it under speculative decoding"):
+        runtime.steps([1], request_, ())  # at once, not on the first step
+    assert trtllm.instances[0].calls == []  # nothing reached TensorRT-LLM
+    runtime.close()
+
+
+def test_penalties_reach_tensorrt_llm_when_the_engine_enables_them(trtllm, monkeypatch):
+    install_dflash_config(monkeypatch)
+    runtime = TrtllmRuntime(DFLASH_OPTIONS, tokenizer=None, block_size=8)
+    request = GenerationRequest("x", 16, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=-0.2)
+    steps = list(runtime.steps([1], request, ()))
+    (_inputs, params, _streaming), = trtllm.instances[0].calls
+    assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) == (1.3, 0.5, -0.2)
+    assert steps[-1].is_final
+    runtime.close()
+
+
+@pytest.mark.parametrize("enabled, fields, why", [
+    (False, ("max_draft_len", "enable_penalty"), "does not set enable_penalty: true"),
+    (True, ("max_draft_len",), "the installed TensorRT-LLM 9.9 has no speculative_config.enable_penalty"),
+])
+def test_penalties_are_refused_where_tensorrt_llm_would_refuse_or_ignore_them(trtllm, monkeypatch, enabled,
+                                                                            fields, why):
+    from dflash_trt.serving.requests import InvalidRequest
+
+    install_dflash_config(monkeypatch, fields)
+    trtllm.__version__ = "9.9"
+    options = {**DFLASH_OPTIONS, "speculative_config": {**DFLASH_OPTIONS["speculative_config"],
+                                                        "enable_penalty": enabled}}
+    runtime = TrtllmRuntime(options, tokenizer=None, block_size=8)
+    with pytest.raises(InvalidRequest, match=f"^input 'presence_penalty' = 0.5 is not supported by this trtllm "
+                                             f"engine: .*{why}.*; send 0 or leave it out$"):
+        runtime.steps([1], GenerationRequest("x", 8, presence_penalty=0.5), ())
+    list(runtime.steps([1], GenerationRequest("x", 8, repetition_penalty=1.0, min_tokens=0), ()))  # neutral: fine
+    assert len(trtllm.instances[0].calls) == 1
+    runtime.close()
+
+
+def test_without_speculation_every_option_is_tensorrt_llms_to_apply(trtllm):
+    runtime = TrtllmRuntime({"model": "/models/plain"}, tokenizer=None, block_size=1)
+    list(runtime.steps([1], GenerationRequest("x", 8, min_tokens=2, bad_words=("foo",), presence_penalty=0.5), ()))
+    (_inputs, params, _streaming), = trtllm.instances[0].calls
+    assert (params.min_tokens, params.bad, params.presence_penalty) == (2, ["foo"], 0.5)
+    runtime.close()
+
+
+def test_the_dflash_model_answers_a_refused_option_with_one_error_naming_it(trtllm, monkeypatch, fake_pb, tmp_path):
+    import numpy as np
+
+    from dflash_trt.serving.cancellation import CancelBoard
+    from dflash_trt.serving.dflash_service import DFlashService
+    from dflash_trt.serving.metrics import DFlashMetrics
+    from dflash_trt.serving.requests import RequestLimits
+
+    install_dflash_config(monkeypatch)
+    runtime = TrtllmRuntime(DFLASH_OPTIONS, tokenizer=None, block_size=8, max_concurrent_requests=1)
+    service = DFlashService(fake_pb, runtime, RequestLimits(max_tokens=64, max_context_tokens=128),
+                            DFlashMetrics(fake_pb, "dflash"), fake_pb.Logger, CancelBoard(tmp_path / "board"))
+    req = fake_pb.Request({"input_ids": np.array([5, 6, 7], dtype=np.int32), "max_tokens": np.array([8], np.int32),
+                           "min_tokens": np.array([3], dtype=np.int32)})
+    service.execute([req])
+    (response, flags), = req.sender.sent
+    assert flags == 1 and response.error.message().startswith("input 'min_tokens' = 3 is not supported")
+    assert "failed:" not in response.error.message()  # a request's mistake: 400 at Triton and at the gateway
+    assert trtllm.instances[0].calls == []
+    runtime.close()
+
+
+def test_the_load_time_canary_runs_greedy_and_sampled_on_tensorrt_llm(trtllm, monkeypatch, fake_pb):
+    from dflash_trt.serving import canary
+    from dflash_trt.serving.metrics import DFlashMetrics
+
+    install_dflash_config(monkeypatch)
+    runtime = TrtllmRuntime(DFLASH_OPTIONS, tokenizer=None, block_size=8)
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    greedy, sampled = canary.check_at_load(runtime, 16, metrics, fake_pb.Logger)
+    (_, greedy_params, _), (_, sampled_params, _) = trtllm.instances[0].calls
+    assert greedy_params.temperature == 0.0 and not hasattr(greedy_params, "seed")
+    assert (sampled_params.temperature, sampled_params.seed) == (canary.CANARY_TEMPERATURE, canary.CANARY_SEED)
+    assert sampled.temperature == canary.CANARY_TEMPERATURE and sampled.num_draft_tokens == 21  # the script's
+    assert metrics.canary_gauges["dflash_canary_sampled_acceptance_rate"].value == sampled.acceptance_rate
+    runtime.close()

@@ -1,9 +1,9 @@
 """The trtllm runtime's artifact: TensorRT-LLM LLM-API options (YAML) with native DFlash speculation.
 
 The file is the `--config` of `trtllm-serve <target>` and the keyword arguments of `LLM(model=<target>,
-**options)`; the target path itself lives in the manifest. TensorRT-LLM (>= MIN_TRTLLM_VERSION, the first release with DFlash) builds nothing
-ahead of time for the PyTorch backend: it loads the checkpoints when the server starts, so the only step that
-needs TensorRT-LLM here is checking the options against the installed version.
+**options)`; the target path itself lives in the manifest. TensorRT-LLM (>= MIN_TRTLLM_VERSION) builds
+nothing ahead of time for the PyTorch backend: it loads the checkpoints when the server starts, so the only
+step that needs TensorRT-LLM here is checking the options against the installed version.
 """
 
 from __future__ import annotations
@@ -11,16 +11,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.OLD.OLD.OLD.model.config import DrafterConfig
 from dflash_trt.errors import ConfigError
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.needs import StepUnavailable, has_module
-from dflash_trt.engine.moe import BLACKWELL, resolve_moe
+from dflash_trt.engine.moe import BLACKWELL, HOPPER, resolve_moe
 from dflash_trt.engine.presets import Preset
 from dflash_trt.engine.recipes import apply_profile, profile_sources
 from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
+
+# GPUs each DFlash draft-attention backend runs on (DFlashDecodingConfig.attention_backend, TensorRT-LLM 1.4):
+# TRTLLM (TRTLLM-gen FMHA, private paged context cache) needs FlashInfer and SM100/SM103, i.e. B200/B300;
+# FA4 targets SM90 only (NVIDIA/TensorRT-LLM #18553: "FA4 targets SM90 only, so FA4 is not tested on B200");
+# VANILLA (FlashAttention, contiguous cache) runs everywhere.
+# gpt-oss-120b keeps VANILLA on every GPU: NVIDIA validated the TRTLLM draft attention on B200 for
+# Qwen3.6-35B-A3B's drafter only (#16914, #18553, test_nvfp4_dflash with TRTLLM and VANILLA), not for the
+# gpt-oss drafters; TRTLLM stays an opt-in on Blackwell (draft_attention_backend in the preset).
+DRAFT_ATTENTION_GPUS = {"VANILLA": BLACKWELL + HOPPER, "TRTLLM": BLACKWELL, "FA4": HOPPER}
 
 
 def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, drafter_path: Path,
@@ -31,9 +40,11 @@ def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, dra
     recipe settings (engine/recipes.py).
     """
     preset = resolve_moe(preset, arch)
-    if preset.draft_attention_backend != "VANILLA" and preset.gpu not in BLACKWELL:
-        raise ConfigError(f"draft_attention_backend {preset.draft_attention_backend} needs a Blackwell GPU "
-                          f"(b200, b300), the plan is for {preset.gpu}; use VANILLA")
+    gpus = DRAFT_ATTENTION_GPUS[preset.draft_attention_backend]
+    if preset.gpu not in gpus:
+        raise ConfigError(f"draft_attention_backend {preset.draft_attention_backend} runs on {', '.join(gpus)} only, "
+                          f"the plan is for {preset.gpu}; use VANILLA (any GPU) or "
+                          f"{'FA4' if preset.gpu in HOPPER else 'TRTLLM'} ({preset.gpu})")
     options: dict[str, Any] = {
         "tensor_parallel_size": preset.tp,
         "dtype": preset.dtype,
@@ -43,6 +54,8 @@ def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, dra
             # "auto" keeps the model dtype (bf16); fp8 halves the cache.
             "dtype": "fp8" if preset.kv_dtype == "fp8" else "auto",
             "free_gpu_memory_fraction": float(preset.memory_fraction),
+            # Written either way: TensorRT-LLM reuses blocks by default (see Preset.kv_block_reuse).
+            "enable_block_reuse": preset.kv_block_reuse,
         },
         "cuda_graph_config": {
             "batch_sizes": [b for b in preset.cuda_graph_batch_sizes if b <= preset.max_batch_size],
@@ -56,6 +69,12 @@ def trtllm_options(preset: Preset, arch: TargetArch, drafter: DrafterConfig, dra
             "target_layer_ids": list(drafter.target_layer_ids),
             "mask_token_id": drafter.mask_token_id,
             "attention_backend": preset.draft_attention_backend,
+            # Without it TensorRT-LLM refuses every request with a repetition/presence/frequency penalty under
+            # one-model speculation (#17701); with it, it allocates a [sequence slots, vocab] count workspace.
+            "enable_penalty": True,
+            # T > 0: lossless rejection sampling instead of exact-match acceptance of the drafts (#15775).
+            # Its non-dynamic-tree one-model path needs FlashInfer (NVIDIA's release images ship it).
+            "use_rejection_sampling": True,
         },
     }
     if arch.is_moe:
@@ -83,20 +102,9 @@ def write_options(options: dict[str, Any], path: Path, target: str, profile: str
 
 
 def check_with_trtllm(options: dict[str, Any], target: Path) -> str:
-    """Validate the options with the installed TensorRT-LLM; returns its version."""
+    """Validate the options with the installed TensorRT-LLM, the way the server loads them; returns its version."""
     if not has_module("tensorrt_llm"):
         raise StepUnavailable("trtllm-check", f"TensorRT-LLM >= {MIN_TRTLLM_VERSION}")
-    import tensorrt_llm
-    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+    from dflash_trt.engine.artifacts.trtllm_load import validate_options
 
-    from dflash_trt.engine.versions import version_key
-
-    if version_key(tensorrt_llm.__version__) < version_key(MIN_TRTLLM_VERSION):
-        raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} has no DFlash: it needs >= {MIN_TRTLLM_VERSION}")
-
-    try:
-        TorchLlmArgs(model=str(target), **options)
-    except Exception as exc:  # pydantic's ValidationError and TensorRT-LLM's own checks
-        raise ConfigError(f"TensorRT-LLM {tensorrt_llm.__version__} rejects the options: "
-                          f"{' '.join(str(exc).split())[:400]}") from None
-    return tensorrt_llm.__version__
+    return validate_options({"model": str(target), **options})
