@@ -22,7 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_trt.decoding.OLD.model.config import DrafterConfig
+    from dflash_trt.decoding.model.config import DrafterConfig
     from dflash_trt.engine.arch import read_target_arch
     from dflash_trt.engine.moe import resolve_moe
     from dflash_trt.engine.planner import format_plan, plan_parallelism

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from dflash_trt.decoding.OLD.model.config import DrafterConfig
-from dflash_trt.decoding.OLD.model.drafters.support import check_runtime
+from dflash_trt.decoding.model.config import DrafterConfig
+from dflash_trt.decoding.model.drafters.support import check_runtime
 from dflash_trt.errors import ConfigError
 from dflash_trt.engine import steps
 from dflash_trt.engine.arch import TargetArch, read_target_arch

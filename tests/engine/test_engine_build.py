@@ -96,8 +96,8 @@ def test_mxfp4_is_refused_for_a_target_that_does_not_ship_it():
 def test_tiny_pair_builds_loads_and_decodes_losslessly(tiny_preset, tiny_pair_dir, tmp_path):
     import torch
 
-    from dflash_trt.decoding.OLD.api import generate
-    from dflash_trt.decoding.OLD.step.sampling import SamplingParams
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     out = tmp_path / "engine"
     result = build_engine(BuildRequest(model=str(tiny_preset), target=tiny_pair_dir / "target",
@@ -127,8 +127,8 @@ def test_rebuild_skips_steps_that_are_up_to_date(tiny_preset, tiny_pair_dir, tmp
 
 
 def test_onnx_runtime_exports_the_drafter_graph_and_decodes_losslessly(tiny_preset, tiny_pair_hd64, tmp_path):
-    from dflash_trt.decoding.OLD.api import generate
-    from dflash_trt.decoding.OLD.step.sampling import SamplingParams
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.step.sampling import SamplingParams
 
     out = tmp_path / "engine"
     result = build_engine(BuildRequest(model=str(tiny_preset), runtime="onnx", target=tiny_pair_hd64 / "target",

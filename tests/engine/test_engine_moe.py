@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dflash_trt.decoding.OLD.model.config import DrafterConfig
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.engine.arch import read_target_arch
 from dflash_trt.engine.artifacts import trtllm
 from dflash_trt.engine.artifacts.trtllm_schema import schema_problems

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dflash_trt.cli import main
-from dflash_trt.decoding.OLD.model.config import DrafterConfig
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.engine.arch import read_target_arch
 from dflash_trt.engine.artifacts import trtllm
 from dflash_trt.engine.artifacts.trtllm_schema import (MIN_TRTLLM_VERSION, SCHEMA, TRTLLM_SOURCE, TRTLLM_VERSION,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_trt.decoding.OLD.OLD.OLD.model.config import DrafterConfig
+from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.errors import ConfigError
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.needs import StepUnavailable, has_module
