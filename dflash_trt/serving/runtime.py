@@ -110,8 +110,8 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
 
 def graphed_pair(target, drafter, device: str):
-    """The target and the drafter with their decoding steps captured in CUDA graphs (graphed_verifier.py,
-    graphed_drafter.py); refused off CUDA, or where a part cannot be captured. The ONNX and TensorRT drafters
+    """The target and the drafter with their decoding steps captured in CUDA graphs (decoding/model/graphs:
+    verifier.py, drafter.py); refused off CUDA, or where a part cannot be captured. The ONNX and TensorRT drafters
     are not PyTorch modules and stay as they are (a TensorRT engine is one launch already)."""
     if not str(device).startswith("cuda"):
         raise DFlashError(f"CUDA graphs ({CUDA_GRAPHS_ENV}=1) need a CUDA device, not {device!r}")

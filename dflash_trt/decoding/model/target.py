@@ -115,7 +115,7 @@ class TargetModel:
                   feature_layer_ids: Sequence[int] = (), last_only: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's forward as `forward` runs it: logits in the model's dtype, and the features. With explicit
-        masks and a batch cache it reads nothing on the host, so a CUDA graph can capture it (graphed_verifier.py).
+        masks and a batch cache it reads nothing on the host, so a CUDA graph can capture it (graphs/verifier.py).
         """
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]

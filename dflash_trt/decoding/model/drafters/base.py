@@ -1,7 +1,7 @@
 """What every drafter family shares: norms, the KV-injected attention, the MLP, the context cache, and the
 forward skeleton (fuse the target features, run the layers, final norm).
 
-A family (v1.py, v2.py, ...) supplies its layer class, its extra tensors and how draft logits become
+A family (dflash.py, dflash2.py, ...) supplies its layer class, its extra tensors and how draft logits become
 draft tokens. Module names equal the checkpoint's tensor names (no `model.` prefix), so a state dict
 loads as is. A drafter has no embedding and no lm_head: it borrows the target's at run time.
 """

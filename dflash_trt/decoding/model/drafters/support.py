@@ -3,7 +3,7 @@
 - torch: every family and attention pattern (this package is the reference implementation).
 - onnx / tensorrt: the exported graph runs either family's layers around the attention plugin, which
   attends to every context row without a mask, so sliding or causal drafters are refused. DFlash2's
-  candidate selector runs on the host (plugin.draft_head).
+  candidate selector runs on the host (exported.head).
 - trtllm: TensorRT-LLM's DFlash (tensorrt_llm/_torch/speculative/dflash.py, models/modeling_dflash.py)
   builds the draft layers from the target's own architecture and has no grouped convolution or
   candidate selector, so DFlash2 drafters are refused.

@@ -6,7 +6,7 @@ Graph (B, C, Cmax and S dynamic; S <= the trained block size):
   outputs hidden [B,S,D] (final-normed block states), cache_k_out_<i>, cache_v_out_<i>
 The target's embedding and lm_head stay outside, as for the PyTorch drafter, and so does what turns the
 hidden states into drafts (argmax, or DFlash2's candidate selector walk: a short sequential loop that
-samples): the runtimes run it on the host with the drafter's own `choose_drafts` (plugin.draft_head).
+samples): the runtimes run it on the host with the drafter's own `choose_drafts` (exported.head).
 DFlash2's convolutions act along the block axis only and are plain ops inside the graph.
 """
 

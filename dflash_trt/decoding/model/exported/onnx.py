@@ -2,7 +2,7 @@
 
 `OnnxDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), so
 `generate(target, OnnxDrafter(...), ...)` runs the same loop; the drafter's host part (embeddings in, draft
-choice out: plugin.draft_head) runs in torch. Graph values are fp32 or fp16 (numpy has no bf16).
+choice out: exported.head) runs in torch. Graph values are fp32 or fp16 (numpy has no bf16).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class OnnxDrafter(ExportedDrafter):
     """A drafter ONNX file (dflash_trt.decoding.model.exported.export) run by onnxruntime on CPU."""
 
     def __init__(self, onnx_path: str | Path, head: DrafterBase, provider: str = "auto"):
-        """head: the drafter's host part (plugin.draft_head.load_draft_head of its directory).
+        """head: the drafter's host part (exported.head.load_draft_head of its directory).
 
         provider: "library" (C++ custom-op library), "python" (onnxruntime-extensions op, fp32) or "auto".
         """

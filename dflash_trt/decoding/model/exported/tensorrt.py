@@ -1,7 +1,7 @@
 """The `tensorrt` runtime's drafter: drafter.plan (trtexec, with the plugin library) run by TensorRT's Python API.
 
 `TensorRTDrafter` offers what the decoding loop uses of the PyTorch drafter (config, new_cache, propose), like
-`OnnxDrafter`, with the drafter's host part (plugin.draft_head) in torch on the same device. The caches are torch tensors on the device; the plugin's cache outputs are bound to the same memory
+`OnnxDrafter`, with the drafter's host part (exported.head) in torch on the same device. The caches are torch tensors on the device; the plugin's cache outputs are bound to the same memory
 as its cache inputs, so with aliased plugin I/O (trtexec --preview=+aliasedPluginIO1003, which the engine builder
 passes) a call updates them in place and copies nothing. It runs on torch's current stream with execute_async_v3.
 """
@@ -34,7 +34,7 @@ class TensorRTDrafter(ExportedDrafter):
 
     def __init__(self, plan_path: str | Path, head: DrafterBase, plugin_library: str | Path | None = None,
                  device: torch.device | str = "cuda"):
-        """head: the drafter's host part (plugin.draft_head.load_draft_head of its directory, on `device`)."""
+        """head: the drafter's host part (exported.head.load_draft_head of its directory, on `device`)."""
         try:
             import tensorrt as trt
         except ImportError:

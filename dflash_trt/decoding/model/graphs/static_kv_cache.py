@@ -3,7 +3,7 @@
 A BatchKVCache forward's shapes follow the rows' lengths: its masks and key views end at the longest row. A
 `StaticForward` over a `StaticKVCache` has every tensor shaped by (bucket of the batch, tokens per row, cache
 capacity) only, and reads nothing on the host:
-- the batch is padded to a bucket (graphed_drafter.BUCKETS); the cache's rows are allocated in buckets too;
+- the batch is padded to a bucket (graphs.drafter.BUCKETS); the cache's rows are allocated in buckets too;
 - the tokens' keys and values are scattered to their positions (a device tensor [bucket, q]), slot == position as
   in every BatchKVCache row;
 - attention runs over the whole capacity, with masks computed from those positions into buffers of their own, in
