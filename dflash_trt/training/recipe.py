@@ -6,8 +6,9 @@ For a sequence with target features F[0..T) and anchors a_1..a_N (response posit
 - block n attends to context rows t < a_n (strictly before the anchor: the anchor's own feature is
   not visible, its token enters through its embedding in slot 0) and bidirectionally to its own
   slots; blocks are invisible to each other.
-The forward reuses the modules of the drafter (``dflash_trt.decoding.model.drafters``) (KV injection through the same k/v projections,
-RoPE at absolute positions), so a trained state dict is the published checkpoint as is. The masked
+The forward reuses the modules of the drafter (dflash_trt.decoding.model.drafters: KV injection through the
+same k/v projections, DraftAttention.project; RoPE at absolute positions), so a trained state dict is the
+published checkpoint as is. The masked
 attention is the training twin of the cache-based inference path; a test checks they agree.
 """
 

@@ -8,7 +8,8 @@
     scheduler.abort(rid)                  # leaves the batch before the next step
 
 One `step()`: finished and aborted rows leave the running batch (their memory is released); the running
-batch takes one decoding step (step.decode_step, verified by the scheduler's method) with the block size the policy picks for its size;
+batch takes one decoding step (step.decode_step, verified by the scheduler's method) with the block size the
+policy picks for its size;
 then the prefill of waiting requests advances by one chunk of at most `prefill_chunk_tokens` tokens, so a
 long prompt stalls the running streams by a bounded amount per step. A prefilled group takes its first
 decoding step on its own (so the drafter takes in its prompt without widening the whole batch) and then

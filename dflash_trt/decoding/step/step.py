@@ -1,12 +1,12 @@
-"""The DFlash decoding step: draft a block, verify it, accept a prefix, commit.
+"""The DFlash decoding step: draft a block, verify it, accept drafts, commit.
 
-Several requests run as one batch (batch.py): each keeps its own positions and its own rows of the
-target's KV cache (kv_cache.py, left-aligned, masked per row), so each row computes what it would alone. One step is four
-small pieces, each its own function: `draft_block` (the drafter proposes S - 1 tokens after each row's
-last committed token), `verify_block` (one target forward over the block; the target's own choice at
-every position), `commit_block` (keep the accepted prefix plus the target's bonus token in the cache
-and in the requests), and the scheduler's leave step (finished rows leave the batch). Block size 1 (or
-no drafter) is plain autoregressive decoding: the speedup baseline.
+Several requests run as one batch (batch.py): each keeps its own positions and its own rows of the target's KV
+cache (model/kv_cache.py, left-aligned, masked per row), so each row computes what it would alone. One step is
+small pieces, each its own function: `draft_block` (the drafter proposes S - 1 tokens after each row's last
+committed token), `verify_block` (one target forward over the verification method's layout of the block; the
+method decides what is accepted, step/verify), `commit_block` (keep the accepted drafts plus the target's bonus
+token in the cache and in the requests); finished rows then leave the batch (the scheduler). Block size 1 (or no
+drafter) is plain autoregressive decoding: the speedup baseline.
 
 The scheduler (decoding/scheduler) calls `decode_step` once per iteration; decoding/api.py runs fixed batches
 through the scheduler.
