@@ -8,8 +8,8 @@ For a sequence with target features F[0..T) and anchors a_1..a_N (response posit
   slots; blocks are invisible to each other.
 The forward reuses the modules of the drafter (dflash_trt.decoding.model.drafters: KV injection through the
 same k/v projections, DraftAttention.project; RoPE at absolute positions), so a trained state dict is the
-published checkpoint as is. The masked
-attention is the training twin of the cache-based inference path; a test checks they agree.
+published checkpoint as is. The masked attention is the training twin of the cache-based inference path; a test
+checks they agree.
 """
 
 from __future__ import annotations
