@@ -197,10 +197,9 @@ class Stream(threading.Thread):
 
 
 def start_streams(served: Served, count: int, max_tokens: int) -> list[Stream]:
-    """`count` streams, HTTP and gRPC alternately, each past its first decoding step (the gate holds the rest)."""
+    """`count` streams, HTTP and gRPC alternately, all inside the dflash model (the gate holds its steps)."""
     streams = [Stream(served, "http" if i % 2 == 0 else "grpc", max_tokens) for i in range(count)]
     for stream in streams:
         stream.start()
-    wait_for(lambda: served.in_flight() >= count and all(s.chunks for s in streams),
-             f"{count} streams in flight", timeout_s=120)
+    wait_for(lambda: served.in_flight() >= count, f"{count} streams in flight", timeout_s=120)
     return streams
