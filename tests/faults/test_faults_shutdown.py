@@ -23,7 +23,6 @@ MAX_TOKENS = 12
 def stop_facts(served: Served) -> dict:
     (triton_pid,) = served.tritonserver_pids()
     return {"triton_pid": triton_pid, "regions": served.shm_regions()}
-}
 
 
 def assert_nothing_left(served: Served, facts: dict) -> None:
