@@ -1,0 +1,90 @@
+"""The pieces of the fault handling that need no server: the JSON depth scanner, the guard's choice of what
+to scan, when the guard is needed, and the server's command line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from dflash_trt.serving.http_guard import json_part
+from dflash_trt.serving.json_depth import exceeds_depth, max_depth
+from dflash_trt.serving.server import ServerConfig, needs_http_guard, server_command, triton_version
+
+
+def reference_depth(value) -> int:
+    """Depth of a parsed JSON value, by recursion (fine for the small documents made here)."""
+    if isinstance(value, list):
+        return 1 + max((reference_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((reference_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+def random_value(rng: random.Random, budget: int):
+    kind = rng.randrange(6 if budget > 0 else 3)
+    if kind == 0:
+        # Strings full of what would change the depth if the scanner looked inside them.
+        return rng.choice(['[', ']]]', '{"a": [', 'say \\"[\\" ', '\\\\', '"', 'plain'])
+    if kind in (1, 2):
+        return rng.choice([1, -2.5, True, None])
+    if kind in (3, 4):
+        return [random_value(rng, budget - 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["k", "[", "}"]) + str(i): random_value(rng, budget - 1) for i in range(rng.randrange(3))}
+
+
+def test_max_depth_equals_the_parsed_depth_of_random_documents():
+    rng = random.Random(7)
+    for _ in range(2000):
+        value = random_value(rng, rng.randrange(8))
+        text = json.dumps(value).encode()
+        assert max_depth(text) == reference_depth(value), text
+
+
+@pytest.mark.parametrize("text, depth", [
+    (b'{"a": "[[[[[["}', 1), (b'["\\"", [[]]]', 3), (b'["\\\\", [1]]', 2), (b'"{"', 0), (b"", 0), (b"[[1]", 2),
+])
+def test_brackets_inside_strings_and_escapes_do_not_count(text, depth):
+    assert max_depth(text) == depth
+
+
+def test_a_hostile_body_is_judged_without_recursion_and_stops_at_the_limit():
+    deep = b"[" * 1_000_000 + b"]" * 1_000_000  # far beyond any recursion limit
+    assert exceeds_depth(deep, 100)
+    assert max_depth(deep, stop_above=100) == 101  # it stopped as soon as the limit was passed
+    assert not exceeds_depth(b"[" * 100 + b"]" * 100, 100)
+    flat = b"[" + b"[0]," * 100_000 + b"[0]]"  # many brackets, depth 2: scanned, not refused
+    assert not exceeds_depth(flat, 100) and max_depth(flat) == 2
+
+
+def test_only_the_json_header_of_a_binary_request_is_scanned():
+    body = b'{"inputs": []}' + b"[" * 500
+    assert json_part(body, {"Inference-Header-Content-Length": "14"}) == b'{"inputs": []}'
+    assert json_part(body, {}) == body
+    assert json_part(body, {"Inference-Header-Content-Length": "x"}) == body  # Triton refuses it; scan it all
+
+
+def test_the_guard_is_on_for_triton_without_the_iterative_parser(tmp_path):
+    home = Path(tmp_path)
+    assert triton_version(home) is None
+    assert needs_http_guard(ServerConfig(home), home)  # nvidia-pytriton's 2.51 ships no TRITON_VERSION
+    (home / "TRITON_VERSION").write_text("2.68.0\n")
+    assert needs_http_guard(ServerConfig(home), home)
+    (home / "TRITON_VERSION").write_text("2.69.0\n")  # r26.05: common#156 (iterative JSON parsing)
+    assert not needs_http_guard(ServerConfig(home), home)
+    assert needs_http_guard(ServerConfig(home, http_guard=True), home)
+    (home / "TRITON_VERSION").write_text("2.51.0")
+    assert not needs_http_guard(ServerConfig(home, http_guard=False), home)
+
+
+def test_behind_the_guard_triton_listens_on_a_private_loopback_port_with_its_own_shm_prefix():
+    config = ServerConfig(Path("/repo"), http_port=8000, address="0.0.0.0", exit_timeout_s=105)
+    command = server_command(config, Path("/t"), http_port=45678, shm_prefix="dflash_1_ab_")
+    assert "--http-address=127.0.0.1" in command and "--http-port=45678" in command
+    assert "--grpc-address=0.0.0.0" in command  # gRPC is protobuf: served directly
+    assert "--backend-config=python,shm-region-prefix-name=dflash_1_ab_" in command
+    assert "--exit-timeout-secs=105" in command
+    plain = server_command(config, Path("/t"))
+    assert "--http-address=0.0.0.0" in plain and "--http-port=8000" in plain
