@@ -252,7 +252,7 @@ class TritonServer:
                 # Triton may exit on a failed load before the pump has shown us the error: name it all the same.
                 raise ServerError(self._failure(f"a model failed to load ({exited})" if load_errors(self.log) else exited))
             if self._guard is not None and self._guard.poll() is not None:
-                self.stop()
+                self.stop()  # also reads the guard's last words (e.g. "address already in use") into the log
                 raise ServerError(self._failure(f"the HTTP guard exited with status {self._guard.returncode}"))
             if load_errors(self.log):
                 self._await_load_failure(deadline)
