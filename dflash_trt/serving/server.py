@@ -416,7 +416,11 @@ def serve_forever(config: ServerConfig) -> int:
         if config.health_port is not None:
             from dflash_trt.serving.health import HealthServer
 
-            health = HealthServer(config.address, config.health_port, state.report).start()
+            try:
+                health = HealthServer(config.address, config.health_port, state.report).start()
+            except OSError as error:
+                raise ServerError(f"cannot serve the health endpoints on {config.address}:{config.health_port}: "
+                                  f"{error}") from None
         while True:
             server = state.server = TritonServer(config)
             server.start()
