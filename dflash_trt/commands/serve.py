@@ -80,5 +80,5 @@ def run(args) -> int:
                           http_guard=GUARD_CHOICES[args.http_guard], max_json_depth=args.max_json_depth,
                           max_body_bytes=args.max_body_bytes, health_port=args.health_port,
                           max_restarts=args.max_restarts)
-    with gateway_beside(args.openai_port, args.grpc_port, args.address, args.ready_timeout):
+    with gateway_beside(args.openai_port, args.grpc_port, args.address, args.ready_timeout, args.health_port):
         return serve_forever(config)

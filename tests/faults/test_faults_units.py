@@ -88,3 +88,60 @@ def test_behind_the_guard_triton_listens_on_a_private_loopback_port_with_its_own
     assert "--exit-timeout-secs=105" in command
     plain = server_command(config, Path("/t"))
     assert "--http-address=0.0.0.0" in plain and "--http-port=8000" in plain
+
+
+@pytest.fixture
+def health_server():
+    """The server's real health endpoints on a free loopback port, reporting whatever the test sets."""
+    from dflash_trt.serving.health import HealthServer
+    from dflash_trt.serving.server import free_ports
+
+    state = {"live": True, "ready": True, "status": "serving", "problem": ""}
+    (port,) = free_ports(1)
+    server = HealthServer("127.0.0.1", port, lambda: dict(state)).start()
+    yield state, f"http://127.0.0.1:{port}"
+    server.close()
+
+
+def get(url: str) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_health_endpoints_answer_the_supervisors_report(health_server):
+    state, url = health_server
+    assert get(url + "/health/ready")[0] == 200 and get(url + "/health/live")[0] == 200
+    state.update(ready=False, status="unhealthy", problem="model process dflash_0_0 (pid 7) died")
+    status, body = get(url + "/health/ready")
+    assert status == 503 and body["problem"] == "model process dflash_0_0 (pid 7) died"
+    assert get(url + "/health/live")[0] == 200  # restarting is alive
+    state.update(live=False)
+    assert get(url + "/health/live")[0] == 503
+    assert get(url + "/v2/health/ready")[0] == 404
+
+
+def test_the_gateway_health_asks_the_servers_model_aware_readiness(health_server):
+    # Triton's readiness stays true when a model process died: the gateway's /health must not say ok then.
+    import types
+
+    from fastapi.testclient import TestClient
+
+    from dflash_trt.gateway.app import create_app
+    from dflash_trt.gateway.companion import gateway_command
+    from dflash_trt.gateway.model import GatewayConfig
+
+    state, url = health_server
+    command = gateway_command(9000, 8001, "0.0.0.0", 300, health_port=8003)
+    assert command[command.index("--server-health-url") + 1] == "http://127.0.0.1:8003/health/ready"
+    state.update(ready=False, status="unhealthy", problem="model process dflash_0_0 (pid 7) died")
+    config = GatewayConfig(triton_grpc="127.0.0.1:9", server_health_url=url + "/health/ready")
+    with TestClient(create_app(config, types.SimpleNamespace(name="m", created=0))) as client:
+        answer = client.get("/health")
+    assert answer.status_code == 503
+    assert "model process dflash_0_0 (pid 7) died" in answer.json()["error"]["message"]
