@@ -12,11 +12,14 @@ regions its Python backend created (named by the per-server prefix given to Trit
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 STUB_NAME = "triton_python_backend_stub"
+# The prefix of a server's regions: dflash_<pid of its supervisor>_<8 hex digits>_ (server.py).
+_PREFIX = re.compile(r"dflash_(\d+)_([0-9a-f]{8})_")
 SHM_DIR = Path("/dev/shm")
 # Where a stub's command line names its model instance (python_backend's stub launcher).
 _INSTANCE_ARG = 8
@@ -115,5 +118,32 @@ def remove_shm_regions(prefix: str, directory: Path = SHM_DIR) -> list[Path]:
             path.unlink()
             removed.append(path)
         except FileNotFoundError:
+            pass
+    return removed
+
+
+def shm_prefix(supervisor_pid: int, token: str) -> str:
+    return f"dflash_{supervisor_pid}_{token}_"
+
+
+def remove_stale_shm_regions(directory: Path = SHM_DIR, own_pid: int | None = None) -> list[Path]:
+    """Remove regions left by servers whose supervisor is gone (killed without its clean-up, e.g. by the
+    OOM killer; a pod's /dev/shm outlives a container restart). Called before this supervisor starts a
+    server, so a region named by its own pid is stale too: that pid was reused from a previous container."""
+    own_pid = os.getpid() if own_pid is None else own_pid
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for path in directory.iterdir():
+        match = _PREFIX.match(path.name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid != own_pid and Path(f"/proc/{pid}").exists():
+            continue  # another live server's
+        try:
+            path.unlink()
+            removed.append(path)
+        except (FileNotFoundError, PermissionError):
             pass
     return removed

@@ -152,7 +152,7 @@ class TritonServer:
         self._pump: threading.Thread | None = None
         self._guard_pump: threading.Thread | None = None
         # Unique per server: the Python backend's regions in /dev/shm start with it, so they can be cleaned up.
-        self.shm_prefix = f"dflash_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.shm_prefix = procs.shm_prefix(os.getpid(), uuid.uuid4().hex[:8])
         self.triton_http_port: int | None = None  # Triton's private port when the guard owns the public one
         self.model_processes: list[procs.ModelProcess] = []
         self._stub_parents: set[int] = set()
@@ -412,6 +412,8 @@ def serve_forever(config: ServerConfig) -> int:
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     health = None
+    for path in procs.remove_stale_shm_regions():
+        print(f"removed {path}: left behind by a server that was killed", flush=True)
     try:
         if config.health_port is not None:
             from dflash_trt.serving.health import HealthServer

@@ -145,3 +145,20 @@ def test_the_gateway_health_asks_the_servers_model_aware_readiness(health_server
         answer = client.get("/health")
     assert answer.status_code == 503
     assert "model process dflash_0_0 (pid 7) died" in answer.json()["error"]["message"]
+
+
+def test_regions_of_a_supervisor_that_is_gone_are_removed_and_no_others(tmp_path):
+    import os
+
+    from dflash_trt.serving.model_processes import remove_stale_shm_regions, shm_prefix
+
+    live_parent = os.getppid()  # a process that exists: its regions belong to a running server
+    dead = 2**22 + 12345  # above any pid_max default: no such process
+    names = [shm_prefix(live_parent, "0123abcd") + "a", shm_prefix(dead, "89abcdef") + "b",
+             shm_prefix(4242, "deadbeef") + "c", "triton_python_backend_shm_region_x", "dflash_1_2_other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    removed = {p.name for p in remove_stale_shm_regions(tmp_path, own_pid=4242)}
+    # Ours by pid (reused after a container restart) and the dead one's go; a live server's and others stay.
+    assert removed == {names[1], names[2]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3], names[4]])
