@@ -5,7 +5,7 @@ test fixture (context manager on free ports). Readiness is always awaited with a
 stub that cannot start leaves the server "loading" forever, so the launcher watches the log for
 load failures and reports the model's own error instead of hanging.
 
-Faults it survives (issue 31):
+Faults it survives:
 - hostile HTTP bodies: a Triton older than 2.69 serves HTTP on a private loopback port behind the guarding
   front (http_guard.py), which owns the public HTTP port;
 - a dead model process: once ready, the model processes are recorded and checked (model_processes.py);
@@ -50,8 +50,8 @@ class ServerConfig:
     metrics_port: int = 8002
     address: str = "127.0.0.1"
     ready_timeout_s: float = 300.0
-    # Drain: after SIGTERM Triton refuses new requests and lets in-flight ones finish for this long
-    # (--exit-timeout-secs); then every process of the server is killed.
+    # Drain: after SIGTERM Triton lets in-flight requests finish for this long (--exit-timeout-secs); then
+    # every process of the server is killed.
     exit_timeout_s: int = 30
     # The guarding HTTP front (http_guard.py): None = on when the Triton is older than 2.69 (its JSON parser
     # crashes on deep nesting), True/False to force it.
