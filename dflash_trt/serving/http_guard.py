@@ -21,10 +21,8 @@ gRPC is protobuf and never reaches this parser; it is not proxied.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
-import signal
 import sys
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
@@ -152,5 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
