@@ -36,6 +36,10 @@ ADDRESS ?= 127.0.0.1
 READY_TIMEOUT ?= 300
 # OpenAI-compatible gateway beside Triton (`make serve OPENAI_PORT=9000`); empty = none.
 OPENAI_PORT ?=
+# Model-aware /health/live and /health/ready of the server (`make serve HEALTH_PORT=8003`); empty = none.
+HEALTH_PORT ?=
+# Seconds in-flight requests may take to finish after SIGTERM (empty = env DFLASH_DRAIN_TIMEOUT, else 30).
+DRAIN_TIMEOUT ?=
 # How tritonserver starts: auto (mpirun -n 1 for TensorRT-LLM engines, as NVIDIA does), plain, mpirun,
 # trtllm-llmapi-launch.
 LAUNCHER ?= auto
@@ -52,7 +56,7 @@ VLLM_ARGS ?=
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean helm-check plugins engine repo serve bench check-batching drafter bench-aiperf bench-vllm gpu-check
+.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench check-batching drafter bench-aiperf bench-vllm gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -76,6 +80,9 @@ test: setup ## Run the whole test suite (slow tests included)
 test-fast: setup ## Run the tests without the slow ones
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+check-faults: setup ## Fault suite against the real server: hostile HTTP bodies, killed model processes, SIGTERM drain (tests/faults)
+	$(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+
 helm-check: setup ## Lint and render the Helm chart offline, validate its manifests, check the images (tests/deploy)
 	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
 
@@ -92,10 +99,11 @@ engine: setup ## Build an engine: MODEL=<preset> [TP=n] [RUNTIME=torch|onnx|tens
 repo: setup ## Render the Triton model repository: ENGINE=engines/<name> [OUT=model_repository/<name>] [REPO_ARGS=...]
 	$(BIN)/dflash-trt repo --engine $(ENGINE) $(if $(OUT),--out $(OUT)) $(REPO_ARGS)
 
-serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000] [LAUNCHER=auto]
+serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [OPENAI_PORT=9000] [HEALTH_PORT=8003] [DRAIN_TIMEOUT=30] [LAUNCHER=auto]
 	$(BIN)/dflash-trt serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --address $(ADDRESS) --ready-timeout $(READY_TIMEOUT) \
-		--launcher $(LAUNCHER) $(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT))
+		--launcher $(LAUNCHER) $(if $(OPENAI_PORT),--openai-port $(OPENAI_PORT)) \
+		$(if $(HEALTH_PORT),--health-port $(HEALTH_PORT)) $(if $(DRAIN_TIMEOUT),--drain-timeout $(DRAIN_TIMEOUT))
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)

@@ -41,7 +41,7 @@ RUN groupadd --gid 1000 dflash \
     && chown 1000:1000 /data engines model_repository out
 USER 1000:1000
 
-EXPOSE 8000 8001 8002 9000
+EXPOSE 8000 8001 8002 8003 9000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10m --retries=3 \
     CMD ["python", "-m", "dflash_trt.deploy.entrypoint", "health"]
 ENTRYPOINT ["python", "-m", "dflash_trt.deploy.entrypoint"]

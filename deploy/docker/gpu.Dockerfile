@@ -55,7 +55,7 @@ RUN make plugins CUDA_ARCHS="${CUDA_ARCHS}" TENSORRT_ROOT="${TENSORRT_ROOT}"
 RUN mkdir -p /data out engines model_repository && chown 1000:1000 /data engines model_repository out
 USER 1000:1000
 
-EXPOSE 8000 8001 8002 9000
+EXPOSE 8000 8001 8002 8003 9000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=30m --retries=3 \
     CMD ["python3", "-m", "dflash_trt.deploy.entrypoint", "health"]
 ENTRYPOINT ["python3", "-m", "dflash_trt.deploy.entrypoint"]

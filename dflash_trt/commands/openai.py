@@ -27,6 +27,9 @@ def register(subparsers) -> None:
                                                                       f"{defaults.ensemble})")
     parser.add_argument("--ready-timeout", type=float, default=defaults.ready_timeout_s, dest="ready_timeout_s",
                         help=f"seconds to wait for Triton (default: {defaults.ready_timeout_s:.0f})")
+    parser.add_argument("--server-health-url", metavar="URL",
+                        help="model-aware readiness of `dflash-trt serve` (http://HOST:PORT/health/ready) that "
+                             "/health asks before Triton (set by `dflash-trt serve --openai-port --health-port`)")
     parser.set_defaults(func=run)
 
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     config = GatewayConfig(triton_grpc=args.triton_grpc, host=args.host, port=args.port,
                            served_model_name=args.served_model_name, engine_dir=args.engine_dir,
                            chat_template=args.chat_template, ensemble=args.ensemble,
-                           ready_timeout_s=args.ready_timeout_s)
+                           ready_timeout_s=args.ready_timeout_s, server_health_url=args.server_health_url)
     # The gateway's own lines (client disconnects) go to stdout; uvicorn's stay at warning.
     gateway_log = logging.getLogger("dflash_trt.gateway")
     gateway_log.setLevel(logging.INFO)

@@ -5,14 +5,17 @@
     engine         `make engine` only
     repo           `make repo` only
     demo           `make demo` (CPU image)
-    health         exit 0 when Triton answers /v2/health/ready (Docker HEALTHCHECK, `helm test`)
+    health         exit 0 when a health URL answers 200: by default the model-aware /health/ready of
+                   `dflash-trt serve` (Docker HEALTHCHECK); `helm test` asks Triton's /v2/health/ready
     check-runtime  fail unless the installed TensorRT-LLM is recent enough for DFlash (GPU image build)
 
 Any other first word runs as a command (`docker run IMAGE bash`). Defaults come from the
 environment (DFLASH_HOME, DFLASH_DATA, DFLASH_MODEL, DFLASH_TP, DFLASH_LAUNCHER) so that an image can
 preset them. `serve` starts tritonserver under `mpirun -n 1` for TensorRT-LLM engines (serving/launcher.py).
 The container's PID 1 is this process: it forwards SIGTERM/SIGINT to the whole process group of
-the step it runs, so Kubernetes' stop signal reaches tritonserver through make.
+the step it runs, so Kubernetes' stop signal reaches `dflash-trt serve` through make, and it waits until
+every process of that group has ended: make exits at once on SIGTERM, while the server drains its
+in-flight requests (DFLASH_DRAIN_TIMEOUT) and cleans up; a PID 1 that returned early would end them all.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def _add_port_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=defaults.metrics)
     parser.add_argument("--openai-port", type=int, default=defaults.openai,
                         help="also start the OpenAI-compatible gateway on this port")
+    parser.add_argument("--health-port", type=int, default=defaults.health,
+                        help="model-aware /health/live and /health/ready of the server (the probes')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="run `make demo`")
 
     health = sub.add_parser("health", help="check Triton's readiness endpoint")
-    health.add_argument("--url", default=f"http://127.0.0.1:{Ports().http}/v2/health/ready")
+    health.add_argument("--url", default=f"http://127.0.0.1:{Ports().health}/health/ready")
     health.add_argument("--timeout", type=float, default=5.0)
 
     check = sub.add_parser("check-runtime", help="check the TensorRT-LLM version")
@@ -120,7 +125,7 @@ def steps_for(args: argparse.Namespace) -> list[list[str]]:
         return [plan.make_command(project, "demo")]
     target = _target(args)
     if args.command == "serve":
-        ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.openai_port)
+        ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.openai_port, args.health_port)
         return plan.serve_steps(project, target, ports, args.build, args.address, args.ready_timeout, args.launcher)
     if args.command == "prepare":
         return plan.prepare_steps(project, target, force=args.force)
@@ -146,11 +151,14 @@ class Supervisor:
                 pass
 
     def run(self, argv: Sequence[str]) -> int:
-        """Exit status of `argv`; a child killed by signal N reports 128 + N like a shell."""
+        """Exit status of `argv`; a child killed by signal N reports 128 + N like a shell.
+
+        Returns only when every process of the child's group has ended (see wait_for_group)."""
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS}
         try:
             self._child = subprocess.Popen(list(argv), start_new_session=True)
             code = self._child.wait()
+            wait_for_group(self._child.pid)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -167,6 +175,29 @@ class Supervisor:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
         return 0
+
+
+def become_subreaper() -> None:
+    """Orphans of our children are re-parented to this process instead of init (Linux), so that we can wait
+    for them; in a container this process is init already."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def wait_for_group(pgid: int) -> None:
+    """Reap processes of group `pgid` until none of them is our child: make may exit before `dflash-trt serve`,
+    which it started, has finished draining; a subreaper (become_subreaper) inherits it and waits for it here."""
+    while True:
+        try:
+            os.waitpid(-pgid, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
 
 
 def is_ready(url: str, timeout: float) -> bool:
@@ -231,4 +262,5 @@ def main(argv: Sequence[str] | None = None, supervisor: Supervisor | None = None
 
 
 if __name__ == "__main__":
+    become_subreaper()
     sys.exit(main())

@@ -43,6 +43,8 @@ class Ports:
     grpc: int = 8001
     metrics: int = 8002
     openai: int | None = None  # None: no OpenAI-compatible gateway
+    # Model-aware /health/live and /health/ready of `dflash-trt serve` (the probes'; None: none).
+    health: int | None = 8003
 
 
 def default_name(model: str, tensor_parallel: int) -> str:
@@ -80,6 +82,8 @@ def validate_ports(ports: Ports) -> None:
     named = {"http": ports.http, "grpc": ports.grpc, "metrics": ports.metrics}
     if ports.openai is not None:
         named["openai"] = ports.openai
+    if ports.health is not None:
+        named["health"] = ports.health
     for name, port in named.items():
         if not 1 <= port <= 65535:
             raise DeployError(f"{name} port {port} is outside 1..65535")
@@ -129,6 +133,7 @@ def serve_command(
         GRPC_PORT=ports.grpc,
         METRICS_PORT=ports.metrics,
         OPENAI_PORT=ports.openai,
+        HEALTH_PORT=ports.health,
         ADDRESS=address,
         READY_TIMEOUT=ready_timeout_s,
         LAUNCHER=launcher,

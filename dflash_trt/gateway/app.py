@@ -7,7 +7,10 @@ its Triton request cancelled: every wait on Triton races a watcher of the HTTP c
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import urllib.error
+import urllib.request
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -57,6 +60,10 @@ def create_app(config: GatewayConfig, model: ServedModel):
 
     @app.get("/health")
     async def health():
+        if config.server_health_url:
+            problem = await asyncio.to_thread(_server_problem, config.server_health_url)
+            if problem:
+                raise server_error(f"the server is not ready: {problem}", 503)
         if await app.state.ensemble.is_ready():
             return {"status": "ok"}
         raise server_error(f"Triton at {config.triton_grpc} is not ready", 503)
@@ -142,6 +149,21 @@ def create_app(config: GatewayConfig, model: ServedModel):
             _stop(generation, watcher)  # also when Starlette cancels this generator on a disconnect
 
     return app
+
+
+def _server_problem(url: str) -> str:
+    """Why the server's model-aware readiness says no ("" when it says ready)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return "" if response.status == 200 else f"status {response.status}"
+    except urllib.error.HTTPError as error:
+        try:
+            state = json.loads(error.read())
+            return state.get("problem") or state.get("status") or f"status {error.code}"
+        except ValueError:
+            return f"status {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        return f"{url} does not answer ({error})"
 
 
 def _check_model(name: str, model: ServedModel) -> None:

@@ -14,21 +14,28 @@ from typing import Iterator
 ANY_ADDRESS = ("0.0.0.0", "")
 
 
-def gateway_command(port: int, grpc_port: int, address: str, ready_timeout_s: float) -> list[str]:
-    """`dflash-trt openai` listening on `address`:`port`, calling Triton's gRPC port on the same machine."""
+def gateway_command(port: int, grpc_port: int, address: str, ready_timeout_s: float,
+                    health_port: int | None = None) -> list[str]:
+    """`dflash-trt openai` listening on `address`:`port`, calling Triton's gRPC port on the same machine (and
+    asking the server's model-aware readiness on `health_port`, when it has one)."""
     triton_host = "127.0.0.1" if address in ANY_ADDRESS else address
+    health = ["--server-health-url", f"http://{triton_host}:{health_port}/health/ready"] if health_port else []
     return [sys.executable, "-m", "dflash_trt.cli", "openai", "--triton-grpc", f"{triton_host}:{grpc_port}",
-            "--host", address, "--port", str(port), "--ready-timeout", f"{ready_timeout_s:g}"]
+            "--host", address, "--port", str(port), "--ready-timeout", f"{ready_timeout_s:g}", *health]
 
 
 @contextmanager
-def gateway_beside(port: int | None, grpc_port: int, address: str, ready_timeout_s: float) -> Iterator[None]:
-    """Run the gateway for the duration of the block; no-op when port is None."""
+def gateway_beside(port: int | None, grpc_port: int, address: str, ready_timeout_s: float,
+                   health_port: int | None = None) -> Iterator[None]:
+    """Run the gateway for the duration of the block; no-op when port is None.
+
+    The gateway has a session of its own: a stop signal sent to the server's process group (Ctrl-C, a
+    container's SIGTERM) must not end it while the server drains the streams it relays; it stops after."""
     if port is None:
         yield
         return
-    process = subprocess.Popen(gateway_command(port, grpc_port, address, ready_timeout_s),
-                               stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    process = subprocess.Popen(gateway_command(port, grpc_port, address, ready_timeout_s, health_port),
+                               stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, start_new_session=True)
     try:
         yield
     finally:

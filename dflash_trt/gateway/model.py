@@ -31,6 +31,9 @@ class GatewayConfig:
     chat_template: Path | None = None  # a Jinja file replacing the tokenizer's chat template
     ensemble: str = ENSEMBLE
     ready_timeout_s: float = 300.0
+    # The model-aware readiness of `dflash-trt serve` (its /health/ready); /health asks it first, since Triton's
+    # own readiness stays true when a model process died. None: Triton's only.
+    server_health_url: str | None = None
 
 
 @dataclass

@@ -4,21 +4,36 @@
 test fixture (context manager on free ports). Readiness is always awaited with a timeout: a Python
 stub that cannot start leaves the server "loading" forever, so the launcher watches the log for
 load failures and reports the model's own error instead of hanging.
+
+Faults it survives:
+- hostile HTTP bodies: a Triton older than 2.69 serves HTTP on a private loopback port behind the guarding
+  front (http_guard.py), which owns the public HTTP port;
+- a dead model process: once ready, the model processes are recorded and checked (model_processes.py);
+  `check()` names one that died, `kill()` ends the server at once so in-flight requests fail instead of
+  hanging, and `serve_forever` restarts it (or exits non-zero) while the health endpoints say so (health.py);
+- shutdown: SIGTERM lets Triton drain in-flight requests for `exit_timeout_s`, then every process left in the
+  server's process group is killed and the shared-memory regions of its Python backend (named by a prefix
+  unique to this server) are removed.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_trt.serving import model_processes as procs
 from dflash_trt.serving.triton_home import ServerError, install_python_stub, server_env, triton_home
 
 _MODEL_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.MULTILINE)
@@ -35,7 +50,18 @@ class ServerConfig:
     metrics_port: int = 8002
     address: str = "127.0.0.1"
     ready_timeout_s: float = 300.0
-    exit_timeout_s: int = 10
+    # Drain: after SIGTERM Triton lets in-flight requests finish for this long (--exit-timeout-secs); then
+    # every process of the server is killed.
+    exit_timeout_s: int = 30
+    # The guarding HTTP front (http_guard.py): None = on when the Triton is older than 2.69 (its JSON parser
+    # crashes on deep nesting), True/False to force it.
+    http_guard: bool | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_json_depth: int = 100
+    # serve_forever only: model-aware health endpoints on this port (health.py; None = none), and how often a
+    # server whose tritonserver or model process died is restarted before giving up with an error.
+    health_port: int | None = None
+    max_restarts: int = 3
     log_verbose: int = 0
     log_path: Path | None = None
     echo: bool = False
@@ -55,14 +81,43 @@ class ServerConfig:
         return f"http://{self.address}:{self.metrics_port}/metrics"
 
 
-def server_command(config: ServerConfig, home: Path) -> list[str]:
+# The first Triton whose JSON parser is iterative (triton-inference-server/common#156, in r26.05 = 2.69.0).
+SAFE_JSON_TRITON = (2, 69)
+# Seconds past the drain before the server's processes are killed: Triton's own exit after draining.
+EXIT_MARGIN_S = 5
+
+
+def triton_version(home: Path) -> tuple[int, int] | None:
+    """(major, minor) of a Triton installation from its TRITON_VERSION file (NGC images have one;
+    nvidia-pytriton's 2.51 has none), else None."""
+    try:
+        major, minor = (home / "TRITON_VERSION").read_text().strip().split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, ValueError):
+        return None
+
+
+def needs_http_guard(config: ServerConfig, home: Path) -> bool:
+    if config.http_guard is not None:
+        return config.http_guard
+    version = triton_version(home)
+    return version is None or version < SAFE_JSON_TRITON
+
+
+def server_command(config: ServerConfig, home: Path, http_port: int | None = None,
+                   shm_prefix: str | None = None) -> list[str]:
+    """The tritonserver command line; `http_port` moves Triton's HTTP to a private loopback port (behind the
+    guard), `shm_prefix` names the Python backend's shared-memory regions."""
+    http_address = config.address if http_port is None else "127.0.0.1"
+    backend_config = [f"--backend-config=python,shm-region-prefix-name={shm_prefix}"] if shm_prefix else []
     return [
         *config.launcher,
         str(home / "bin" / "tritonserver"),
         f"--model-repository={Path(config.model_repository).resolve()}",
         f"--backend-directory={home / 'backends'}",
-        f"--http-address={config.address}",
-        f"--http-port={config.http_port}",
+        *backend_config,
+        f"--http-address={http_address}",
+        f"--http-port={config.http_port if http_port is None else http_port}",
         f"--grpc-address={config.address}",
         f"--grpc-port={config.grpc_port}",
         f"--metrics-address={config.address}",
@@ -91,9 +146,16 @@ class TritonServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         self._process: subprocess.Popen | None = None
+        self._guard: subprocess.Popen | None = None
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._pump: threading.Thread | None = None
+        self._guard_pump: threading.Thread | None = None
+        # Unique per server: the Python backend's regions in /dev/shm start with it, so they can be cleaned up.
+        self.shm_prefix = procs.shm_prefix(os.getpid(), uuid.uuid4().hex[:8])
+        self.triton_http_port: int | None = None  # Triton's private port when the guard owns the public one
+        self.model_processes: list[procs.ModelProcess] = []
+        self._stub_parents: set[int] = set()
 
     @property
     def log(self) -> str:
@@ -103,6 +165,14 @@ class TritonServer:
     @property
     def returncode(self) -> int | None:
         return None if self._process is None else self._process.poll()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def guarded(self) -> bool:
+        return self._guard is not None
 
     def start(self) -> "TritonServer":
         home = triton_home()
@@ -114,23 +184,40 @@ class TritonServer:
         repo = Path(self.config.model_repository)
         if not repo.is_dir():
             raise ServerError(f"model repository {repo} does not exist (render one with `make repo`)")
+        if needs_http_guard(self.config, home):
+            self.triton_http_port = free_ports(1)[0]
         self._process = subprocess.Popen(
-            server_command(self.config, home),
+            server_command(self.config, home, self.triton_http_port, self.shm_prefix),
             env=server_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the server in order
+            start_new_session=True,  # its own process group: signals reach it only from here, and it can be killed whole
             preexec_fn=_die_with_parent,
         )
-        self._pump = threading.Thread(target=self._read_output, daemon=True)
+        self._pump = threading.Thread(target=self._read_output, args=(self._process,), daemon=True)
         self._pump.start()
+        if self.triton_http_port is not None:
+            self._start_guard()
         return self
 
-    def _read_output(self) -> None:
+    def _start_guard(self) -> None:
+        c = self.config
+        self._guard = subprocess.Popen(
+            [sys.executable, "-m", "dflash_trt.serving.http_guard", "--listen", f"{c.address}:{c.http_port}",
+             "--upstream", f"127.0.0.1:{self.triton_http_port}", "--max-body-bytes", str(c.max_body_bytes),
+             "--max-json-depth", str(c.max_json_depth)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a stop signal to our group must not cut the streams it relays during the drain
+            preexec_fn=_die_with_parent,
+        )
+        self._guard_pump = threading.Thread(target=self._read_output, args=(self._guard,), daemon=True)
+        self._guard_pump.start()
+
+    def _read_output(self, process: subprocess.Popen) -> None:
         log_file = open(self.config.log_path, "a", encoding="utf-8") if self.config.log_path else None
         try:
-            for raw in iter(self._process.stdout.readline, b""):
+            for raw in iter(process.stdout.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 with self._lock:
                     self._lines.append(line)
@@ -153,8 +240,10 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def wait_ready(self) -> None:
-        """Block until /v2/health/ready answers 200; raise ServerError with the load error otherwise."""
+    def wait_ready(self, cancel: threading.Event | None = None) -> None:
+        """Block until /v2/health/ready answers 200; raise ServerError with the load error otherwise.
+
+        Then record the model processes, which check() watches from now on."""
         deadline = time.monotonic() + self.config.ready_timeout_s
         while time.monotonic() < deadline:
             if self.returncode is not None:
@@ -162,15 +251,36 @@ class TritonServer:
                 exited = "tritonserver exited with status %d" % self.returncode
                 # Triton may exit on a failed load before the pump has shown us the error: name it all the same.
                 raise ServerError(self._failure(f"a model failed to load ({exited})" if load_errors(self.log) else exited))
+            if self._guard is not None and self._guard.poll() is not None:
+                self.stop()  # also reads the guard's last words (e.g. "address already in use") into the log
+                raise ServerError(self._failure(f"the HTTP guard exited with status {self._guard.returncode}"))
             if load_errors(self.log):
                 self._await_load_failure(deadline)
                 self.stop()
                 raise ServerError(self._failure("a model failed to load"))
+            if cancel is not None and cancel.is_set():
+                self.stop()
+                raise ServerError("stopped before tritonserver was ready")
             if self.is_ready():
+                self.model_processes = procs.model_processes(self._process.pid)
+                self._stub_parents = {p for p in map(procs.parent_of, (m.pid for m in self.model_processes)) if p}
                 return
             time.sleep(0.25)
         self.stop()
         raise ServerError(self._failure(f"tritonserver not ready after {self.config.ready_timeout_s:.0f} s"))
+
+    def check(self) -> str | None:
+        """None while tritonserver, the guard and every recorded model process run; else what died."""
+        if self._process is None:
+            return "tritonserver is not started"
+        if self._process.poll() is not None:
+            return f"tritonserver exited with status {self._process.returncode}"
+        if self._guard is not None and self._guard.poll() is not None:
+            return f"the HTTP guard exited with status {self._guard.returncode}"
+        for process in self.model_processes:
+            if not procs.is_running(process):
+                return f"model process {process.instance} (pid {process.pid}) died"
+        return None
 
     def _await_load_failure(self, deadline: float) -> None:
         """After the first sign of a failed load, wait (however slow the machine) until Triton has named the
@@ -186,18 +296,53 @@ class TritonServer:
         return f"{headline}\n{detail}"
 
     def stop(self) -> int | None:
-        """SIGTERM (graceful: Triton finishes in-flight requests), then SIGKILL after a grace period."""
+        """Graceful: SIGTERM lets Triton drain in-flight requests for exit_timeout_s; whatever is left of the
+        server's process group after that (a busy model process that ignored the signal) is killed; then the
+        guard stops and the server's shared memory is removed."""
+        return self._end(drain=True)
+
+    def kill(self) -> int | None:
+        """At once: SIGKILL to every process of the server, so that requests in flight fail now rather than
+        wait for a model process that is gone; then the same clean-up as stop()."""
+        return self._end(drain=False)
+
+    def _end(self, drain: bool) -> int | None:
         if self._process is None:
             return None
         if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=self.config.exit_timeout_s + 10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            if drain:
+                self._process.send_signal(signal.SIGTERM)
+                try:
+                    self._process.wait(timeout=self.config.exit_timeout_s + EXIT_MARGIN_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            procs.kill_group(self._process.pid)
+            self._process.wait()
+        # Members of its group that outlived tritonserver (orphaned model processes) go too.
+        procs.kill_group(self._process.pid)
+        self._stop_guard()
         self._join_pump()
+        self._clean_up()
         return self._process.returncode
+
+    def _stop_guard(self) -> None:
+        if self._guard is None:
+            return
+        if self._guard.poll() is None:
+            self._guard.terminate()
+            try:
+                self._guard.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._guard.kill()
+                self._guard.wait()
+        if self._guard_pump is not None:
+            self._guard_pump.join(timeout=5)
+
+    def _clean_up(self) -> None:
+        """Shared memory of the Python backend and the cancel board of this server's model processes."""
+        procs.remove_shm_regions(self.shm_prefix)
+        for parent in self._stub_parents | {self._process.pid}:
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"dflash-cancelled-{parent}", ignore_errors=True)
 
     def _join_pump(self) -> None:
         if self._pump is not None:
@@ -218,34 +363,100 @@ class TritonServer:
 
     def describe(self) -> str:
         c = self.config
+        guard = f" (guarded; Triton's own on 127.0.0.1:{self.triton_http_port})" if self.guarded else ""
         return (
-            f"Triton is ready: HTTP {c.http_url}  gRPC {c.grpc_url}  metrics {c.metrics_url}\n"
+            f"Triton is ready: HTTP {c.http_url}{guard}  gRPC {c.grpc_url}  metrics {c.metrics_url}\n"
             f"  models from {Path(c.model_repository).resolve()}"
         )
 
 
+class _Supervisor:
+    """The state behind the health endpoints: which server runs, and in which phase."""
+
+    def __init__(self):
+        self.server: TritonServer | None = None
+        self.phase = "starting"  # starting, serving, restarting, draining, failed
+        self.last_failure = ""
+        self.restarts = 0
+
+    def report(self) -> dict:
+        server = self.server
+        problem = server.check() if server is not None and self.phase == "serving" else None
+        ready = self.phase == "serving" and problem is None and server.is_ready()
+        return {
+            "live": self.phase != "failed",
+            "ready": ready,
+            "status": self.phase if problem is None else "unhealthy",
+            "problem": problem or "",
+            "last_failure": self.last_failure,
+            "restarts": self.restarts,
+            "model_processes": {p.instance: procs.is_running(p) for p in (server.model_processes if server else [])},
+        }
+
+
+# How often serve_forever checks the server's processes.
+WATCH_INTERVAL_S = 0.5
+
+
 def serve_forever(config: ServerConfig) -> int:
-    """Run the server in the foreground until SIGINT/SIGTERM; return the process exit status."""
-    server = TritonServer(config)
+    """Run the server in the foreground until SIGINT/SIGTERM; return the process exit status.
+
+    A server whose tritonserver or model process dies is killed at once (requests in flight fail) and
+    started again, at most `max_restarts` times; after that ServerError (exit status 2 of the CLI), so
+    that a container exits and its orchestrator restarts it."""
+    state = _Supervisor()
     stop = threading.Event()
 
     def _on_signal(signum, _frame):
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    health = None
+    for path in procs.remove_stale_shm_regions():
+        print(f"removed {path}: left behind by a server that was killed", flush=True)
     try:
-        server.start()
-        server.wait_ready()
-        print(server.describe(), flush=True)
-        while not stop.is_set() and server.returncode is None:
-            stop.wait(0.5)
-        if server.returncode is not None:
-            raise ServerError(server._failure(f"tritonserver exited with status {server.returncode}"))
-        print("stopping tritonserver ...", flush=True)
-        server.stop()
-        return 0
+        if config.health_port is not None:
+            from dflash_trt.serving.health import HealthServer
+
+            try:
+                health = HealthServer(config.address, config.health_port, state.report).start()
+            except OSError as error:
+                raise ServerError(f"cannot serve the health endpoints on {config.address}:{config.health_port}: "
+                                  f"{error}") from None
+        while True:
+            server = state.server = TritonServer(config)
+            server.start()
+            try:
+                server.wait_ready(cancel=stop)
+            except ServerError:
+                if stop.is_set():
+                    return 0  # asked to stop while loading: not a failure
+                raise
+            state.phase = "serving"
+            print(server.describe(), flush=True)
+            failure = None
+            while not stop.is_set() and failure is None:
+                stop.wait(WATCH_INTERVAL_S)
+                failure = server.check()
+            if failure is None:
+                state.phase = "draining"
+                print(f"stopping tritonserver (draining for up to {config.exit_timeout_s} s) ...", flush=True)
+                server.stop()
+                return 0
+            state.phase, state.last_failure = "restarting", failure
+            print(f"error: {failure}; stopping the server so that requests in flight fail", flush=True)
+            server.kill()
+            if state.restarts >= config.max_restarts:
+                state.phase = "failed"
+                raise ServerError(server._failure(f"{failure} (after {state.restarts} restart(s) of "
+                                                  f"{config.max_restarts} allowed)"))
+            state.restarts += 1
+            print(f"restarting tritonserver ({state.restarts} of {config.max_restarts}) ...", flush=True)
     finally:
-        server.stop()
+        if state.server is not None:
+            state.server.stop()
+        if health is not None:
+            health.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

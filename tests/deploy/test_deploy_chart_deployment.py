@@ -59,14 +59,23 @@ def test_dev_shm_is_a_sized_memory_volume_mounted_in_every_container():
 
 
 @pytest.mark.parametrize(
-    "probe, path", [("startupProbe", "/v2/health/ready"), ("readinessProbe", "/v2/health/ready"),
-                    ("livenessProbe", "/v2/health/live")]
+    "probe, path", [("startupProbe", "/health/ready"), ("readinessProbe", "/health/ready"),
+                    ("livenessProbe", "/health/live")]
 )
-def test_probes_ask_triton_health_endpoints_on_the_http_port(probe, path):
+def test_probes_ask_the_model_aware_health_endpoints_of_the_server(probe, path):
+    # Triton's own /v2/health/* stay 200 when a model process died: the probes ask `dflash-trt serve`.
     triton = container(_objects())
-    assert triton[probe]["httpGet"] == {"path": path, "port": "http"}
-    (http,) = [port for port in triton["ports"] if port["name"] == "http"]
-    assert http["containerPort"] == 8000
+    assert triton[probe]["httpGet"] == {"path": path, "port": "health"}
+    (health,) = [port for port in triton["ports"] if port["name"] == "health"]
+    assert health["containerPort"] == 8003
+    assert "--health-port=8003" in triton["args"]
+
+
+@pytest.mark.parametrize("grace, margin, drain", [(120, 15, "105"), (300, 30, "270"), (10, 15, "0")])
+def test_the_drain_is_the_grace_period_less_the_margin(grace, margin, drain):
+    triton = container(_objects(terminationGracePeriodSeconds=grace, server={"shutdownMarginSeconds": margin}))
+    assert {"name": "DFLASH_DRAIN_TIMEOUT", "value": drain} in triton["env"]
+    assert pod_spec(_objects(terminationGracePeriodSeconds=grace))["terminationGracePeriodSeconds"] == grace
 
 
 def test_startup_budget_allows_half_an_hour_for_a_120b_load():
@@ -76,9 +85,9 @@ def test_startup_budget_allows_half_an_hour_for_a_120b_load():
     assert container(_objects("gpt-oss-120b-tp8"))["args"].count("--ready-timeout=1800") == 1
 
 
-def test_container_ports_are_http_grpc_metrics():
+def test_container_ports_are_http_grpc_metrics_health():
     ports = {p["name"]: p["containerPort"] for p in container(_objects())["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "health": 8003}
 
 
 def test_openai_gateway_adds_port_9000_and_serve_argument():

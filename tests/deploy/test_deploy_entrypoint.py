@@ -2,7 +2,9 @@
 
 import http.server
 import os
+import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -213,3 +215,20 @@ def test_serve_passes_the_launcher_to_make_serve(tmp_path, monkeypatch):
     assert not any(word.startswith("LAUNCHER=") for word in _steps(*common)[-1])  # the Makefile's auto
     monkeypatch.setenv("DFLASH_LAUNCHER", "trtllm-llmapi-launch")
     assert "LAUNCHER=trtllm-llmapi-launch" in _steps(*common)[-1]
+
+
+def test_waits_for_every_process_of_the_step_when_its_leader_exits_first(tmp_path):
+    # make exits at once on SIGTERM while `dflash-trt serve`, which it started, is still draining: the entry
+    # point (PID 1 of the container, or a subreaper) must wait for it, or the container would end the drain.
+    marker = tmp_path / "drained"
+    drainer = f"import time, pathlib; time.sleep(1.5); pathlib.Path({str(marker)!r}).write_text('done')"
+    leader = f"{shlex.quote(sys.executable)} -c {shlex.quote(drainer)} & exit 0"  # the leader leaves at once
+    driver = (
+        "import sys, pathlib\n"
+        "from dflash_trt.deploy import entrypoint\n"
+        "entrypoint.become_subreaper()\n"
+        f"code = entrypoint.Supervisor().run(['sh', '-c', {leader!r}])\n"
+        f"print(code, pathlib.Path({str(marker)!r}).exists())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["0", "True"], result.stderr

@@ -84,7 +84,7 @@ def test_images_run_the_entrypoint_in_exec_form(name):
 @pytest.mark.parametrize("name", ["gpu.Dockerfile", "cpu.Dockerfile"])
 def test_images_expose_triton_and_gateway_ports(name):
     ports = {word for expose in find(_read(name), "EXPOSE") for word in expose.value.split()}
-    assert {"8000", "8001", "8002", "9000"} <= ports
+    assert {"8000", "8001", "8002", "8003", "9000"} <= ports
 
 
 @pytest.mark.parametrize("name", ["gpu.Dockerfile", "cpu.Dockerfile"])

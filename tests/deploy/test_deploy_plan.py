@@ -61,10 +61,11 @@ def test_repo_command_points_at_engine_and_output(tmp_path):
     ]
 
 
-def test_serve_command_binds_all_interfaces_with_the_three_ports(tmp_path):
+def test_serve_command_binds_all_interfaces_with_the_three_ports_and_the_health_port(tmp_path):
     command = plan.serve_command(PROJECT, tmp_path / "repo", Ports())
     assert command[4:] == [
-        "serve", f"REPO={tmp_path / 'repo'}", "HTTP_PORT=8000", "GRPC_PORT=8001", "METRICS_PORT=8002", "ADDRESS=0.0.0.0",
+        "serve", f"REPO={tmp_path / 'repo'}", "HTTP_PORT=8000", "GRPC_PORT=8001", "METRICS_PORT=8002",
+        "HEALTH_PORT=8003", "ADDRESS=0.0.0.0",
     ]
 
 
@@ -73,7 +74,8 @@ def test_serve_command_adds_openai_gateway_and_ready_timeout_when_asked(tmp_path
     assert "OPENAI_PORT=9000" in command and "READY_TIMEOUT=1800" in command
 
 
-@pytest.mark.parametrize("ports", [Ports(http=0), Ports(grpc=70000), Ports(metrics=8000), Ports(openai=8001)])
+@pytest.mark.parametrize("ports", [Ports(http=0), Ports(grpc=70000), Ports(metrics=8000), Ports(openai=8001),
+                                   Ports(health=8000), Ports(health=0)])
 def test_rejects_bad_or_clashing_ports(tmp_path, ports):
     with pytest.raises(DeployError, match="port"):
         plan.serve_command(PROJECT, tmp_path, ports)

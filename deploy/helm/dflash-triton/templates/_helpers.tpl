@@ -108,13 +108,13 @@ app.kubernetes.io/component: inference-server
 {{- end }}
 {{- end }}
 
-{{/* An httpGet probe on the Triton http port: include with (list <path> <probe values>). */}}
+{{/* An httpGet probe: include with (list <path> <probe values> <port name>). */}}
 {{- define "dflash-triton.httpProbe" -}}
 {{- $path := index . 0 }}
 {{- $probe := index . 1 -}}
 httpGet:
   path: {{ $path }}
-  port: http
+  port: {{ index . 2 }}
 {{- range $key := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "failureThreshold" }}
 {{- if hasKey $probe $key }}
 {{ $key }}: {{ index $probe $key }}
