@@ -29,6 +29,7 @@ from dflash_trt.serving.triton_home import ServerError, install_python_stub, ser
 # ADMIN_KEY_ENV's value when set, else a random one (the APIs are then closed to everybody).
 RESTRICTED_APIS = ("shared-memory", "logging", "trace", "model-repository")
 ADMIN_KEY_HEADER = "dflash-admin-key"
+GRPC_ADMIN_KEY_HEADER = "triton-grpc-protocol-" + ADMIN_KEY_HEADER  # gRPC metadata: Triton adds its prefix
 ADMIN_KEY_ENV = "DFLASH_TRT_TRITON_ADMIN_KEY"
 
 _MODEL_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.MULTILINE)
@@ -72,11 +73,12 @@ def admin_key(config: ServerConfig) -> str:
 
 
 def restricted_api_options(key: str) -> list[str]:
-    """Triton's flags (2.51 syntax: `<api>,<api>:<header>=<value>`) restricting RESTRICTED_APIS to `key`."""
+    """Triton 2.51's flags restricting RESTRICTED_APIS to `key`: `--http-restricted-api` and (gRPC's spelling)
+    `--grpc-restricted-protocol`, each `<api>,<api>:<header>=<value>`."""
     if not re.fullmatch(r"[A-Za-z0-9._~+/-]+", key):
         raise ServerError(f"{ADMIN_KEY_ENV}: the admin key may hold letters, digits and ._~+/- only")
     setting = f"{','.join(RESTRICTED_APIS)}:{ADMIN_KEY_HEADER}={key}"
-    return [f"--http-restricted-api={setting}", f"--grpc-restricted-api={setting}"]
+    return [f"--http-restricted-api={setting}", f"--grpc-restricted-protocol={setting}"]
 
 
 def server_command(config: ServerConfig, home: Path) -> list[str]:
