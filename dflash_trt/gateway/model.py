@@ -81,8 +81,9 @@ class ServedModel:
         """Refuse a prompt over the repository's byte limit before it is tokenized (as preprocessing would)."""
         size = len(prompt.encode("utf-8"))
         if size > self.prompt_bytes_limit:
-            raise invalid(f"The {param} is {size} bytes; this server accepts at most {self.prompt_bytes_limit} bytes "
-                          f"(its context is {self.max_context_tokens} tokens)", param, "context_length_exceeded")
+            raise invalid(f"The text of the {param} is {size} bytes; this server accepts at most "
+                          f"{self.prompt_bytes_limit} bytes (its context is {self.max_context_tokens} tokens)", param,
+                          "context_length_exceeded")
 
     def max_tokens(self, requested: int | None, num_prompt_tokens: int, default: int | None, param: str) -> int:
         """The max_tokens to send: the request's (checked against the limits) or the endpoint's default."""
