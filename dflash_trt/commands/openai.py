@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from dflash_trt.gateway.model import GatewayConfig
+
+API_KEY_ENV = "DFLASH_TRT_API_KEY"
 
 
 def register(subparsers) -> None:
@@ -30,6 +33,9 @@ def register(subparsers) -> None:
     parser.add_argument("--server-health-url", metavar="URL",
                         help="model-aware readiness of `dflash-trt serve` (http://HOST:PORT/health/ready) that "
                              "/health asks before Triton (set by `dflash-trt serve --openai-port --health-port`)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1 routes (default: the "
+                                           f"{API_KEY_ENV} environment variable; none: open). Prefer the variable: "
+                                           "a command line is visible to every user of the machine")
     parser.set_defaults(func=run)
 
 
@@ -47,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     config = GatewayConfig(triton_grpc=args.triton_grpc, host=args.host, port=args.port,
                            served_model_name=args.served_model_name, engine_dir=args.engine_dir,
                            chat_template=args.chat_template, ensemble=args.ensemble,
-                           ready_timeout_s=args.ready_timeout_s, server_health_url=args.server_health_url)
+                           ready_timeout_s=args.ready_timeout_s, server_health_url=args.server_health_url,
+                           api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     # The gateway's own lines (client disconnects) go to stdout; uvicorn's stay at warning.
     gateway_log = logging.getLogger("dflash_trt.gateway")
     gateway_log.setLevel(logging.INFO)
@@ -56,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_served_model(config, client)
     client.close()
     print(f"OpenAI-compatible API on http://{config.host}:{config.port}/v1 serving '{model.name}' "
-          f"(Triton gRPC {config.triton_grpc})", flush=True)
+          f"(Triton gRPC {config.triton_grpc}; {'API key required' if config.api_key else 'no API key'})",
+          flush=True)
     uvicorn.run(create_app(config, model), host=config.host, port=config.port, log_level="warning",
                 timeout_graceful_shutdown=5)
     return 0

@@ -19,6 +19,9 @@ def register(subparsers) -> None:
                         help="'none' (text_input verbatim, default), 'model' (the tokenizer's template) or a Jinja file")
     parser.add_argument("--max-tokens-limit", type=int, help="largest max_tokens accepted (default: min(4096, context))")
     parser.add_argument("--max-context-tokens", type=int, help="prompt + max_tokens limit (default: the engine's)")
+    parser.add_argument("--max-prompt-bytes", type=int, default=defaults.max_prompt_bytes,
+                        help="largest text_input in UTF-8 bytes, refused before it is tokenized (default 0: "
+                             "32 x the context)")
     parser.add_argument("--instances", type=int, default=defaults.dflash_instances,
                         help="dflash model instances; each batches up to --max-batch-sequences requests in flight "
                              f"(default: {defaults.dflash_instances})")
@@ -58,6 +61,7 @@ def run(args) -> int:
     config = RepoConfig(
         engine_dir=args.engine, out=out, engine_path=args.engine_path, chat_template=args.chat_template,
         max_tokens_limit=args.max_tokens_limit, max_context_tokens=args.max_context_tokens,
+        max_prompt_bytes=args.max_prompt_bytes,
         dflash_instances=args.instances, preprocessing_instances=args.preprocessing_instances,
         postprocessing_instances=args.postprocessing_instances, max_queue_size=args.max_queue_size,
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,

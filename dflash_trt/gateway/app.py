@@ -2,19 +2,29 @@
 
 A client that goes away (a closed stream, or a non-streaming request whose connection drops) has
 its Triton request cancelled: every wait on Triton races a watcher of the HTTP connection.
+
+Hostile input: a POST must say `Content-Type: application/json` (a browser's cross-site form or
+text/plain POST, which needs no CORS preflight, gets a 415; no CORS headers are ever sent), its body
+is read up to a bound derived from the prompt limit (413 beyond), and the prompt is refused by its
+size before it is tokenized. Parsing, chat templating and token counting run in a worker thread, so
+a large request never stalls the event loop that serves every other client. With an API key
+configured, /v1 routes need `Authorization: Bearer <key>` (401 otherwise); /health stays open for
+probes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import urllib.error
 import urllib.request
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -31,6 +41,18 @@ CANCELLED_LOG = "generation cancelled in Triton before its end (the client went 
 
 class ClientGone(Exception):
     """The HTTP client disconnected before the answer was complete."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready for Triton. sent: the text_input; prompt: what it becomes after Triton's
+    preprocessing (they differ when the repository applies the chat template itself)."""
+
+    parsed: CompletionRequest | ChatRequest
+    sent: str
+    prompt: str
+    num_prompt_tokens: int
+    max_tokens: int
 
 
 def create_app(config: GatewayConfig, model: ServedModel):
@@ -68,44 +90,41 @@ def create_app(config: GatewayConfig, model: ServedModel):
             return {"status": "ok"}
         raise server_error(f"Triton at {config.triton_grpc} is not ready", 503)
 
-    @app.get("/v1/models")
+    async def authorize(request: Request) -> None:
+        if config.api_key is not None:
+            check_api_key(request.headers.get("authorization"), config.api_key)
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models():
         return out.model_list(model.name, model.created)
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorize)])
     async def model_card(name: str):
         if name != model.name:
             raise model_not_found(name, model.name)
         return out.model_card(model.name, model.created)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(request: Request):
-        parsed = parse_completion(parse_json(await request.body()))
-        _check_model(parsed.model, model)
-        prompt = model.completion_prompt(parsed.prompt)
-        return await _answer(request, parsed, prompt, prompt, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+        raw = await read_json_body(request, model.max_body_bytes)
+        return await _answer(request, await asyncio.to_thread(prepare_completion, raw, model))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(request: Request):
-        parsed = parse_chat(parse_json(await request.body()))
-        _check_model(parsed.model, model)
-        sent, prompt = model.chat_prompt(parsed.messages, parsed.template_kwargs)
-        return await _answer(request, parsed, sent, prompt, None, "messages")
+        raw = await read_json_body(request, model.max_body_bytes)
+        return await _answer(request, await asyncio.to_thread(prepare_chat, raw, model))
 
-    async def _answer(request, parsed: CompletionRequest | ChatRequest, sent: str, prompt: str,
-                      default_max: int | None, param: str):
-        """sent: the text_input for Triton; prompt: what it becomes after Triton's preprocessing."""
+    async def _answer(request, prepared: Prepared):
         try:
-            return await _generate(request, parsed, sent, prompt, default_max, param)
+            return await _generate(request, prepared)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; 499 is the log's "client closed request"
 
-    async def _generate(request, parsed, sent: str, prompt: str, default_max: int | None, param: str):
-        num_prompt_tokens = model.formatter.count_tokens(prompt)
-        max_tokens = model.max_tokens(parsed.sampling.max_tokens, num_prompt_tokens, default_max, param)
+    async def _generate(request, prepared: Prepared):
+        parsed, prompt, num_prompt_tokens = prepared.parsed, prepared.prompt, prepared.num_prompt_tokens
         reply = out.Reply("completion" if isinstance(parsed, CompletionRequest) else "chat", model.name)
         echo = prompt if getattr(parsed, "echo", False) else ""
-        generation = app.state.ensemble.start(sent, parsed.sampling, max_tokens)
+        generation = app.state.ensemble.start(prepared.sent, parsed.sampling, prepared.max_tokens)
         watcher = asyncio.ensure_future(_disconnected(request))
         # A disconnect cancels Triton's request by itself, even if the response body is never iterated
         # (a client gone before the headers were sent).
@@ -169,6 +188,62 @@ def _server_problem(url: str) -> str:
 def _check_model(name: str, model: ServedModel) -> None:
     if name != model.name:
         raise model_not_found(name, model.name)
+
+
+def check_api_key(header: str | None, api_key: str) -> None:
+    """401 in OpenAI's shape unless the Authorization header is `Bearer <api_key>` (compared in constant time)."""
+    if not header:
+        raise APIError(401, "You didn't provide an API key: send it in the header 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+async def read_json_body(request: Request, max_bytes: int) -> bytes:
+    """The body of a POST that declares JSON (415 otherwise), read up to max_bytes (413 beyond)."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {media_type or 'none'}",
+                       code="unsupported_media_type")
+    too_large = APIError(413, f"The request body is larger than this server accepts ({max_bytes} bytes)",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# The two below run in a worker thread: JSON parsing, chat templating and tokenizing cost CPU time in
+# proportion to the request, which must not stall the event loop.
+
+def prepare_completion(raw: bytes, model: ServedModel) -> Prepared:
+    parsed = parse_completion(parse_json(raw))
+    _check_model(parsed.model, model)
+    prompt = model.completion_prompt(parsed.prompt)
+    model.check_prompt_size(prompt, "prompt")
+    return _prepared(parsed, prompt, prompt, model, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+
+
+def prepare_chat(raw: bytes, model: ServedModel) -> Prepared:
+    parsed = parse_chat(parse_json(raw))
+    _check_model(parsed.model, model)
+    model.check_prompt_size("".join(m["content"] for m in parsed.messages), "messages")  # before templating
+    sent, prompt = model.chat_prompt(parsed.messages, parsed.template_kwargs)
+    model.check_prompt_size(prompt, "messages")
+    return _prepared(parsed, sent, prompt, model, None, "messages")
+
+
+def _prepared(parsed, sent: str, prompt: str, model: ServedModel, default_max: int | None, param: str) -> Prepared:
+    num_prompt_tokens = model.formatter.count_tokens(prompt)
+    max_tokens = model.max_tokens(parsed.sampling.max_tokens, num_prompt_tokens, default_max, param)
+    return Prepared(parsed, sent, prompt, num_prompt_tokens, max_tokens)
 
 
 async def _collect(generation, piece: Piece, watcher) -> tuple[str, Piece]:

@@ -14,6 +14,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.gateway.errors import invalid
 from dflash_trt.gateway.prompts import PromptFormatter
 from dflash_trt.gateway.triton import ENSEMBLE
+from dflash_trt.serving.requests import RequestLimits
 
 PREPROCESSING = "preprocessing"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -34,6 +35,8 @@ class GatewayConfig:
     # The model-aware readiness of `dflash-trt serve` (its /health/ready); /health asks it first, since Triton's
     # own readiness stays true when a model process died. None: Triton's only.
     server_health_url: str | None = None
+    # Clients must send `Authorization: Bearer <api_key>` on /v1 routes; None: no key is asked for.
+    api_key: str | None = None
 
 
 @dataclass
@@ -43,6 +46,7 @@ class ServedModel:
     max_tokens_limit: int
     max_context_tokens: int
     block_size: int
+    max_prompt_bytes: int = 0  # the repository's preprocessing limit; 0: derived from the context, as there
     created: int = field(default_factory=lambda: int(time.time()))
     # The repository's preprocessing wraps every text_input as one user message (`repo --chat-template
     # model|FILE`, as `make demo` renders it): then only such chats can be served, and no raw completions.
@@ -64,6 +68,25 @@ class ServedModel:
             raise invalid("This server's Triton repository wraps every prompt in the chat template: use "
                           "/v1/chat/completions (or re-render the repository with `--chat-template none`)", "prompt")
         return prompt
+
+    @property
+    def prompt_bytes_limit(self) -> int:
+        return RequestLimits(max_context_tokens=self.max_context_tokens,
+                             max_prompt_bytes=self.max_prompt_bytes).prompt_bytes_limit
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body read: room for a prompt at the limit written with JSON escapes (up to 6
+        bytes a character) plus the other fields."""
+        return 6 * self.prompt_bytes_limit + 2**20
+
+    def check_prompt_size(self, prompt: str, param: str) -> None:
+        """Refuse a prompt over the repository's byte limit before it is tokenized (as preprocessing would)."""
+        size = len(prompt.encode("utf-8"))
+        if size > self.prompt_bytes_limit:
+            raise invalid(f"The text of the {param} is {size} bytes; this server accepts at most "
+                          f"{self.prompt_bytes_limit} bytes (its context is {self.max_context_tokens} tokens)", param,
+                          "context_length_exceeded")
 
     def max_tokens(self, requested: int | None, num_prompt_tokens: int, default: int | None, param: str) -> int:
         """The max_tokens to send: the request's (checked against the limits) or the endpoint's default."""
@@ -128,6 +151,7 @@ def load_served_model(config: GatewayConfig, client) -> ServedModel:
         max_tokens_limit=_int_param(params, "max_tokens_limit"),
         max_context_tokens=_int_param(params, "max_context_tokens"),
         block_size=int(engine.block_size),
+        max_prompt_bytes=int(params.get("max_prompt_bytes") or 0),  # absent in repositories rendered before it
         is_templated_by_triton=repo_template != "none",
     )
 

@@ -22,9 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_trt.gateway.errors import invalid
+from dflash_trt.serving.requests import MAX_WORD_BYTES, MAX_WORDS
 
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**64 - 1  # Triton's seed input is UINT64
+# Triton's INT32 inputs: a larger value must be refused here, as Triton's own HTTP front would wrap it
+# (max_tokens 2**32 + 8 arrives as 8).
+MAX_INT32 = 2**31 - 1
+# Keys of a chat message that OpenAI defines and that change nothing for a text-only answer: "name" (a
+# participant's name, which chat templates do not use) and empty tool fields.
+MESSAGE_KEYS = {"role", "content", "name"}
+MESSAGE_NEUTRAL = {"tool_calls": lambda v: not v, "refusal": lambda v: v is None,
+                   "function_call": lambda v: v is None, "audio": lambda v: v is None}
 ROLES = ("system", "developer", "user", "assistant")
 # Accepted only with a neutral value: key -> predicate on the value.
 NEUTRAL = {
@@ -37,13 +46,19 @@ NEUTRAL = {
     "tool_choice": lambda v: v in (None, "none", "auto"),
     "parallel_tool_calls": lambda v: True,
     "response_format": lambda v: v in (None, {"type": "text"}),
+    # OpenAI's bookkeeping and routing fields, meaningless for a self-hosted model.
+    "store": lambda v: v in (None, False),
+    "metadata": lambda v: v is None or isinstance(v, dict),
+    "service_tier": lambda v: v in (None, "auto", "default"),
+    "modalities": lambda v: v in (None, ["text"]),
 }
 COMMON_KEYS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
                "stream_options", "user", "ignore_eos", "presence_penalty", "frequency_penalty",
                "min_tokens", "repetition_penalty", "bad_words"}
 COMPLETION_KEYS = COMMON_KEYS | {"prompt", "echo", "logprobs", "logit_bias", "best_of", "suffix"}
 CHAT_KEYS = COMMON_KEYS | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs",
-                           "logit_bias", "tools", "tool_choice", "parallel_tool_calls", "response_format"}
+                           "logit_bias", "tools", "tool_choice", "parallel_tool_calls", "response_format", "store",
+                           "metadata", "service_tier", "modalities"}
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,25 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise invalid(f"The request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object")
+    _check_encodable(body, "")
     return body
+
+
+def _check_encodable(value, where: str) -> None:
+    """JSON's "\\ud800" escapes decode to lone surrogates, which no UTF-8 tokenizer or gRPC string takes."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise invalid(f"{where or 'the body'} holds a lone UTF-16 surrogate ({value[error.start]!r} at "
+                          f"character {error.start}): not valid Unicode", where.split("[")[0].split(".")[0] or None)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_encodable(key, where)
+            _check_encodable(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_encodable(item, f"{where}[{index}]")
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
@@ -156,14 +189,16 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     if not 0.0 < top_p <= 1.0:
         raise invalid(f"top_p must be in (0, 1], got {top_p}", "top_p")
     top_k = _integer(body, "top_k", defaults.top_k)
-    if top_k < 0:
-        raise invalid(f"top_k must be >= 0, got {top_k}", "top_k")
+    if not 0 <= top_k <= MAX_INT32:
+        raise invalid(f"top_k must be in [0, {MAX_INT32}], got {top_k}", "top_k")
     seed = _integer(body, "seed", None)
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise invalid(f"seed must be in [0, 2**64), got {seed}", "seed")
     max_tokens = _integer(body, "max_tokens", None)
     if max_tokens is not None and max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if max_tokens is not None and max_tokens > MAX_INT32:  # the model's own limit is lower still (model.py)
+        raise invalid(f"max_tokens is too large: {max_tokens}", "max_tokens")
     penalties = {key: _number(body, key, 0.0) for key in ("presence_penalty", "frequency_penalty")}
     for key, value in penalties.items():
         if not -2.0 <= value <= 2.0:
@@ -172,8 +207,8 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     if repetition_penalty <= 0:
         raise invalid(f"repetition_penalty must be > 0, got {repetition_penalty}", "repetition_penalty")
     min_tokens = _integer(body, "min_tokens", defaults.min_tokens)
-    if min_tokens < 0:
-        raise invalid(f"min_tokens must be >= 0, got {min_tokens}", "min_tokens")
+    if not 0 <= min_tokens <= MAX_INT32:
+        raise invalid(f"min_tokens must be in [0, {MAX_INT32}], got {min_tokens}", "min_tokens")
     if max_tokens is not None and min_tokens > max_tokens:
         raise invalid(f"min_tokens must be at most max_tokens={max_tokens}, got {min_tokens}", "min_tokens")
     return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body.get("stop")), _bool(body, "ignore_eos"),
@@ -187,7 +222,17 @@ def _bad_words(body: dict[str, Any]) -> tuple[str, ...]:
         return ()
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise invalid("bad_words must be a list of strings", "bad_words")
+    if len(words) > MAX_WORDS:
+        raise invalid(f"bad_words has {len(words)} entries; at most {MAX_WORDS} are accepted", "bad_words")
+    _check_word_sizes(words, "bad_words")
     return tuple(w for w in words if w)
+
+
+def _check_word_sizes(words: list[str], name: str) -> None:
+    for index, word in enumerate(words):
+        size = len(word.encode("utf-8"))
+        if size > MAX_WORD_BYTES:
+            raise invalid(f"{name}[{index}] is {size} bytes; each entry may have at most {MAX_WORD_BYTES}", name)
 
 
 def _stop(value) -> tuple[str, ...]:
@@ -198,6 +243,7 @@ def _stop(value) -> tuple[str, ...]:
         raise invalid("stop must be a string or a list of strings", "stop")
     if len(words) > MAX_STOP_STRINGS:
         raise invalid(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(words)}", "stop")
+    _check_word_sizes(words, "stop")
     return tuple(w for w in words if w)
 
 
@@ -223,13 +269,19 @@ def _message(message, index: int) -> dict[str, str]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid(f"{where} must be an object", "messages")
+    unknown = sorted(set(message) - MESSAGE_KEYS - set(MESSAGE_NEUTRAL))
+    if unknown:
+        raise invalid(f"Unrecognized key(s) in {where}: {', '.join(unknown)}", "messages")
+    for key, is_neutral in MESSAGE_NEUTRAL.items():
+        if key in message and not is_neutral(message[key]):
+            raise invalid(f"{where}.{key} is not supported by this server", "messages")
     role = message.get("role")
     if role not in ROLES:
         raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {json.dumps(role)}", "messages")
     content = message.get("content")
     if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
+                   and set(p) == {"type", "text"} for p in content):
             raise invalid(f"{where}.content: only text parts are supported", "messages")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):

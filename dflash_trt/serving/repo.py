@@ -39,6 +39,7 @@ class RepoConfig:
     chat_template: str = NO_TEMPLATE  # "none", "model", or a Jinja file
     max_tokens_limit: int | None = None
     max_context_tokens: int | None = None
+    max_prompt_bytes: int = 0  # largest text_input in bytes, refused before tokenizing; 0: context x 32
     dflash_instances: int = 1
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
@@ -61,7 +62,7 @@ class RepoConfig:
                      "max_batch_sequences", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_us", "num_threads", "block_size", "max_kv_tokens", "canary_tokens"):
+        for name in ("max_prompt_bytes", "queue_timeout_us", "num_threads", "block_size", "max_kv_tokens", "canary_tokens"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -100,6 +101,7 @@ def render_repository(config: RepoConfig) -> Path:
         "chat_template": pbtxt_string(chat_template_value(config.chat_template)),
         "max_tokens_limit": max_tokens,
         "max_context_tokens": context,
+        "max_prompt_bytes": config.max_prompt_bytes,
         "dflash_instances": 1 if engine.runtime == "trtllm" else config.dflash_instances,
         "preprocessing_instances": config.preprocessing_instances,
         "postprocessing_instances": config.postprocessing_instances,

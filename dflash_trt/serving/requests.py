@@ -51,12 +51,29 @@ class InvalidRequest(DFlashError):
     """A request that the model refuses; the message goes back to the client."""
 
 
+# A prompt is refused by its size in bytes before it is tokenized: tokenizing megabytes takes seconds of
+# the preprocessing model (and of every request queued behind it) only to find that it cannot fit. No
+# tokenizer we serve puts more than this many bytes in a token on ordinary text, so a prompt longer than
+# max_context_tokens x this cannot fit; `dflash-trt repo --max-prompt-bytes` sets another bound.
+BYTES_PER_TOKEN_BOUND = 32
+# stop_words / bad_words: each word costs a tokenization (bad_words) or a text search per step (stop_words).
+MAX_WORDS = 64
+MAX_WORD_BYTES = 256
+
+
 @dataclass(frozen=True)
 class RequestLimits:
-    """What a deployment accepts; rendered into the model configs by `dflash-trt repo`."""
+    """What a deployment accepts; rendered into the model configs by `dflash-trt repo`.
+
+    max_prompt_bytes: the largest text_input in UTF-8 bytes; 0 derives it from max_context_tokens."""
 
     max_tokens: int = 4096
     max_context_tokens: int = 8192
+    max_prompt_bytes: int = 0
+
+    @property
+    def prompt_bytes_limit(self) -> int:
+        return self.max_prompt_bytes or self.max_context_tokens * BYTES_PER_TOKEN_BOUND
 
 
 IGNORE_EOS = -1  # the end_id that disables end-of-sequence tokens
@@ -118,7 +135,9 @@ def parse_request(arrays: dict[str, np.ndarray | None], limits: RequestLimits,
             raise InvalidRequest(message)
     text = ""
     if with_text:
-        text = decode_text(scalar(arrays, "text_input"), "text_input")
+        raw = scalar(arrays, "text_input")
+        check_prompt_size(raw, limits)
+        text = decode_text(raw, "text_input")
         if not text.strip():
             raise InvalidRequest("text_input is empty")
     request = GenerationRequest(
@@ -151,6 +170,8 @@ def parse_token_request(arrays: dict[str, np.ndarray], limits: RequestLimits,
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         raise InvalidRequest(f"input 'input_ids' must be INT32, got {ids.dtype}")
+    if ids.size > limits.max_context_tokens:  # before any per-id work on a huge list
+        raise InvalidRequest(f"input_ids has {ids.size} tokens; the model's context is {limits.max_context_tokens}")
     prompt_ids = [int(i) for i in ids.reshape(-1)]
     if not prompt_ids:
         raise InvalidRequest("input_ids is empty")
@@ -212,12 +233,42 @@ def decode_text(value, name: str) -> str:
     return str(value)
 
 
+def check_prompt_size(value, limits: RequestLimits) -> None:
+    """Refuse a text_input longer than the byte limit, before anything costly is done with it."""
+    size = len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8", "surrogatepass"))
+    if size > limits.prompt_bytes_limit:
+        raise InvalidRequest(f"text_input is {size} bytes; this server accepts at most {limits.prompt_bytes_limit} "
+                             f"bytes (max_prompt_bytes; the context is {limits.max_context_tokens} tokens)")
+
+
 def parse_words(array, name: str) -> tuple[str, ...]:
-    """A list-of-strings input (stop_words, bad_words): its non-empty strings."""
+    """A list-of-strings input (stop_words, bad_words): its non-empty strings, at most MAX_WORDS of at most
+    MAX_WORD_BYTES bytes each."""
     if array is None:
         return ()
-    words = tuple(decode_text(v, name) for v in np.asarray(array, dtype=object).reshape(-1))
+    values = np.asarray(array, dtype=object).reshape(-1)
+    if values.size > MAX_WORDS:
+        raise InvalidRequest(f"{name} has {values.size} entries; at most {MAX_WORDS} are accepted")
+    for index, value in enumerate(values):
+        size = len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8", "surrogatepass"))
+        if size > MAX_WORD_BYTES:
+            raise InvalidRequest(f"{name}[{index}] is {size} bytes; each entry may have at most {MAX_WORD_BYTES}")
+    words = tuple(decode_text(v, name) for v in values)
     return tuple(w for w in words if w)
+
+
+def check_parameters(parameters: dict) -> None:
+    """Refuse request parameters: Triton's /generate turns every JSON field that is not an input into one, so a
+    misspelt input ("max_token", "temprature") would otherwise be dropped without a word."""
+    if not parameters:
+        return
+    import difflib
+
+    hints = []
+    for name in sorted(parameters):
+        close = difflib.get_close_matches(name, TEXT_INPUTS, n=1)
+        hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    raise InvalidRequest(f"unknown field(s) {', '.join(hints)}: not an input of this model")
 
 
 def _optional_int(value):

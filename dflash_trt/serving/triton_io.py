@@ -23,6 +23,13 @@ def read_inputs(pb, request, names: Iterable[str]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def request_parameters(request) -> dict:
+    """The request's parameters (Triton's /generate puts every JSON field that is not an input there)."""
+    raw = request.parameters() if hasattr(request, "parameters") else "{}"
+    parameters = json.loads(raw) if isinstance(raw, str) and raw else (raw or {})
+    return dict(parameters)
+
+
 def string_array(values: Iterable[str]) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=object)
 

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"max_tokens": 8}, "missing required input(s) ['text_input']"),
-    ({"text_input": "hi"}, "missing required input(s) ['max_tokens']"),
+    ({"max_tokens": 8}, "missing required input 'text_input'"),
+    ({"text_input": "hi"}, "missing required input 'max_tokens'"),
     ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be in [1, 256], got 0"),
     ({"text_input": "hi", "max_tokens": -5}, "max_tokens must be in [1, 256], got -5"),
     ({"text_input": "hi", "max_tokens": 257}, "max_tokens must be in [1, 256], got 257"),

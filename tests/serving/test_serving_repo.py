@@ -58,8 +58,10 @@ def test_the_ensemble_has_tensorrt_llms_batch_dimension_and_dims_and_the_unbatch
 @pytest.mark.parametrize("name", ENSEMBLES)
 def test_the_ensemble_exposes_exactly_the_tensorrt_llm_contract(repo, name):
     ensemble = repo[1][name]
+    # Every input is declared optional, text_input and max_tokens too: preprocessing names a missing one, where
+    # Triton 2.51 would answer 200 with nothing when another optional input is sent.
     inputs = {t.name: (TYPE(t.data_type), t.optional) for t in ensemble.input}
-    assert inputs == {name: (spec[1], not spec[2]) for name, spec in TEXT_INPUTS.items()}
+    assert inputs == {name: (spec[1], True) for name, spec in TEXT_INPUTS.items()}
     assert {t.name: TYPE(t.data_type) for t in ensemble.output} == OUTPUTS
 
 

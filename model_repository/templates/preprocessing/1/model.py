@@ -19,8 +19,13 @@ class TritonPythonModel:
     return_log_probs, ...: dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values.
     Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
     request gets an error response naming the bad input.
+    text_input and max_tokens are declared optional so that this model runs and names a missing one (Triton 2.51
+    skips the ensemble's own check when another optional input is sent, and answers 200 with nothing).
+    A request parameter (Triton's /generate makes every JSON field that is no input one) is refused, as is a
+    text_input longer than max_prompt_bytes (checked before tokenizing) and stop_words / bad_words beyond
+    requests.MAX_WORDS entries or MAX_WORD_BYTES bytes an entry.
     Parameters: engine_dir (tokenizer source), chat_template ("none", "model" or a Jinja template),
-    max_tokens_limit, max_context_tokens.
+    max_tokens_limit, max_context_tokens, max_prompt_bytes (0: max_context_tokens x 32).
     """
 
     def initialize(self, args):
@@ -33,6 +38,7 @@ class TritonPythonModel:
         limits = requests.RequestLimits(
             max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
             max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
+            max_prompt_bytes=triton_io.int_parameter(params, "max_prompt_bytes", defaults.max_prompt_bytes, name),
         )
         tokenizer, _ = tokenizer_for(params["engine_dir"])
         self.preprocessor = Preprocessor(tokenizer, limits, params.get("chat_template") or "none")
@@ -42,10 +48,14 @@ class TritonPythonModel:
         responses = []
         for request in requests_:
             try:
+                requests.check_parameters(triton_io.request_parameters(request))
                 arrays = triton_io.read_inputs(pb_utils, request, requests.TEXT_INPUTS)
                 request_ = requests.parse_request(arrays, self.limits)
                 ids = self.preprocessor.prompt_ids(request_)
                 responses.append(triton_io.response(pb_utils, {"input_ids": np.array(ids, dtype=np.int32)}))
             except DFlashError as error:
                 responses.append(triton_io.error_response(pb_utils, str(error)))
+            except Exception as error:  # noqa: BLE001 - one request's failure must not fail the others
+                pb_utils.Logger.log_error(f"preprocessing failed: {error!r}")
+                responses.append(triton_io.error_response(pb_utils, f"preprocessing failed: {error}"))
         return responses
