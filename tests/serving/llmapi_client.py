@@ -57,9 +57,14 @@ class LlmApiClient:
 
 
 def is_cancelled(result) -> bool:
+    """NVIDIA's answer to a cancelled request: a CANCELLED error (a gRPC stream carries only its message)."""
     from tritonclient.utils import InferenceServerException
 
-    return isinstance(result, InferenceServerException) and result.status() == "StatusCode.CANCELLED"
+    if not isinstance(result, InferenceServerException):
+        return False
+    if result.status() is not None:
+        return result.status() == "StatusCode.CANCELLED"
+    return "cancelled" in str(result).lower()
 
 
 def text_of(result) -> str:
