@@ -8,6 +8,7 @@ load failures and reports the model's own error instead of hanging.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -67,10 +68,28 @@ def server_command(config: ServerConfig, home: Path) -> list[str]:
         f"--grpc-port={config.grpc_port}",
         f"--metrics-address={config.address}",
         f"--metrics-port={config.metrics_port}",
-        "--allow-gpu-metrics=false",
+        f"--allow-gpu-metrics={'true' if repository_device(config.model_repository) == 'cuda' else 'false'}",
+        f"--backend-config=python,shm-region-prefix-name={shm_region_prefix(config)}",
         f"--exit-timeout-secs={config.exit_timeout_s}",
         f"--log-verbose={config.log_verbose}",
     ]
+
+
+_DEVICE = re.compile(r'key:\s*"device"\s*value:\s*\{\s*string_value:\s*"([a-z]+)"')
+
+
+def repository_device(repo: Path) -> str:
+    """The device the repository's dflash model runs on ("cpu" when it cannot be read): Triton's GPU metrics
+    (utilization, memory, power) are exported for "cuda"."""
+    config = Path(repo) / "dflash" / "config.pbtxt"
+    match = _DEVICE.search(config.read_text()) if config.is_file() else None
+    return match.group(1) if match else "cpu"
+
+
+def shm_region_prefix(config: ServerConfig) -> str:
+    """A shared-memory prefix of this server's Python stubs, unique on the host: servers that share one
+    (the backend's default) collide in /dev/shm, which is why NVIDIA's launcher passes one per server."""
+    return f"dflash_{os.getpid()}_{config.http_port}_"
 
 
 def load_errors(log: str) -> list[str]:
