@@ -158,3 +158,20 @@ def test_max_tokens_beyond_the_limit_is_refused_naming_the_input(triton):
 def test_an_undeclared_input_is_refused_by_triton(triton, llmapi):
     llmapi.send(prompt_arrays(PROMPT, MAX_TOKENS, lora_id=np.array([1], dtype=np.uint64)), request_id="lora")
     assert "unexpected inference input 'lora_id'" in str(llmapi.next())
+
+
+def test_http_infer_serves_the_model_as_nvidia_ships_it(triton):
+    """Not decoupled, the model also answers Triton's HTTP /infer (NVIDIA's end_to_end_test.py --protocol http)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(triton.config.http_url.removeprefix("http://"))
+    try:
+        inputs = []
+        for name, array in prompt_arrays(PROMPT, MAX_TOKENS).items():
+            tensor = httpclient.InferInput(name, list(array.shape), "BYTES" if array.dtype.kind == "O" else "INT32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = client.infer("tensorrt_llm", inputs, outputs=[httpclient.InferRequestedOutput("text_output")])
+    finally:
+        client.close()
+    assert result.as_numpy("text_output")[0].decode() == ensemble_text(triton)
