@@ -119,11 +119,10 @@ def render_repository(config: RepoConfig) -> Path:
         "canary_tokens": config.canary_tokens,
         "tensorrt_llm_decoupled": "true" if config.tensorrt_llm_decoupled else "false",
         # Every request the dflash instances can batch or queue; beyond that the queue would refuse them anyway.
-        "tensorrt_llm_max_in_flight": (config.dflash_instances * config.max_batch_sequences
-                                       + config.max_queue_size),
         "trtllm_inputs": pbtxt_inputs(),
         "trtllm_input_map": pbtxt_input_map(),
     }
+    values["tensorrt_llm_max_in_flight"] = values["dflash_instances"] * config.max_batch_sequences + config.max_queue_size
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     for model in MODELS[:-1]:

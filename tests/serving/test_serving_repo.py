@@ -34,10 +34,10 @@ TRTLLM_DIMS = {"stop_words": [-1], "bad_words": [-1], "embedding_bias_words": [-
                "text_output": [-1]}
 
 
-def test_renders_the_four_models_with_their_code(repo):
+def test_renders_the_models_with_their_code(repo):
     out, configs, _ = repo
     assert sorted(p.name for p in out.iterdir()) == sorted(RENDERED)
-    for name in ("preprocessing", "dflash", "postprocessing"):
+    for name in ("preprocessing", "dflash", "postprocessing", "tensorrt_llm"):
         assert (out / name / "1" / "model.py").is_file()
     for name in ENSEMBLES:
         assert (out / name / "1").is_dir()
