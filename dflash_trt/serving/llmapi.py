@@ -203,13 +203,13 @@ class Answer:
 
     def _outputs(self, text: str, finish_reason: str, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs = {"text_output": string_array([text])}
-        # The LLM API's values: finish_reason None until the end; stop_reason is the stop string or token id
-        # that ended the answer, and None otherwise (the dflash model reports end ids and stop words alike
-        # as "stop", so it is None here).
+        # The LLM API's values: finish_reason None until the end; stop_reason the stop string that ended the
+        # answer, None otherwise (end-of-sequence ids included, as the LLM API reports them).
         if self.request.return_finish_reason:
             outputs["finish_reason"] = string_array([finish_reason or "None"])
         if self.request.return_stop_reason:
-            outputs["stop_reason"] = string_array(["None"])
+            stop_word = decode_text(scalar(chunk, "stop_reason"), "stop_reason") if "stop_reason" in chunk else ""
+            outputs["stop_reason"] = string_array([stop_word or "None"])
         if self.request.return_perf_metrics:
             for name, value in (("arrival_time_ns", self.arrival_time_ns),
                                 ("first_scheduled_time_ns", self.scheduled_time_ns),

@@ -16,8 +16,9 @@ from dflash_trt.serving.dflash_service import OUTPUTS as DFLASH_OUTPUTS
 from dflash_trt.serving.requests import decode_text, scalar
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
-# Postprocessing consumes exactly what the dflash model emits: one definition of that contract.
-INPUTS = DFLASH_OUTPUTS
+# Postprocessing consumes what the dflash model emits (one definition of that contract), except the stop word,
+# which only the tensorrt_llm contract returns.
+INPUTS = {name: kind for name, kind in DFLASH_OUTPUTS.items() if name != "stop_reason"}
 PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
                   "finish_reason")
 

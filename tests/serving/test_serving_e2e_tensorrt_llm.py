@@ -175,3 +175,16 @@ def test_http_infer_serves_the_model_as_nvidia_ships_it(triton):
     finally:
         client.close()
     assert result.as_numpy("text_output")[0].decode() == ensemble_text(triton)
+
+
+def test_stop_reason_is_the_stop_word_that_ended_the_answer(triton, llmapi):
+    text = ensemble_text(triton, 40, exclude_input_in_output=True)
+    words = text.split()
+    stop = " " + words[len(words) // 2]
+    extra = {"sampling_param_stop": np.array([b"never-seen", stop.encode()], dtype=object),
+             "sampling_param_exclude_input_from_output": np.array([True]), "return_stop_reason": np.array([True]),
+             "return_finish_reason": np.array([True])}
+    llmapi.send(prompt_arrays(PROMPT, 40, **extra), request_id="stop-word")
+    result = llmapi.next()
+    assert text_of(result) == ensemble_text(triton, 40, exclude_input_in_output=True, stop_words=[stop])
+    assert result.as_numpy("finish_reason")[0] == b"stop" and result.as_numpy("stop_reason")[0] == stop.encode()

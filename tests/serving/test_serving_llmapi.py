@@ -70,8 +70,8 @@ def test_a_stop_request_is_recognised():
     assert not llmapi.is_stop_request({"stop": np.array([False])}) and not llmapi.is_stop_request({})
 
 
-def chunk(window, num_context, finish=b"", drafted=14, accepted=5):
-    return {"output_ids": np.array(window, dtype=np.int32), "num_context_tokens": np.array([num_context], np.int32),
+def chunk(window, num_context, finish=b"", drafted=14, accepted=5, stop_reason=b""):
+    return {"stop_reason": np.array([stop_reason], dtype=object),"output_ids": np.array(window, dtype=np.int32), "num_context_tokens": np.array([num_context], np.int32),
             "num_output_tokens": np.array([3], np.int32), "total_draft_tokens": np.array([drafted], np.int32),
             "total_accepted_draft_tokens": np.array([accepted], np.int32),
             "acceptance_rate": np.array([accepted / drafted], np.float32),
@@ -145,3 +145,10 @@ def test_the_repository_renders_nvidias_tensors_not_decoupled_unless_asked(tiny_
     assert {t.name: type_name(t.data_type) for t in shipped.output} == llmapi.OUTPUTS
     assert [t.name for t in shipped.input if not t.optional] == ["text_input"]
     assert shipped.parameters["max_in_flight"].string_value == "14"  # 1 instance x 4 sequences + 10 queued
+
+
+def test_stop_reason_names_the_stop_word(smollm2_tokenizer):
+    request = llmapi.parse_llmapi_request(arrays(return_stop_reason=True), LIMITS, decoupled=False)
+    answer = llmapi.Answer(request, smollm2_tokenizer, [1])
+    reply = answer.push(chunk([300], 0, b"stop", stop_reason=b"END"))
+    assert reply["stop_reason"].tolist() == [b"END"]
