@@ -16,7 +16,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
-from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs
+from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs, pbtxt_step_inputs
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
 # "tensorrt_llm" is NVIDIA's current contract (its LLM-API model's tensors), served by the same dflash model.
@@ -121,6 +121,7 @@ def render_repository(config: RepoConfig) -> Path:
         # Every request the dflash instances can batch or queue; beyond that the queue would refuse them anyway.
         "trtllm_inputs": pbtxt_inputs(),
         "trtllm_input_map": pbtxt_input_map(),
+        "trtllm_step_inputs": pbtxt_step_inputs(),
     }
     values["tensorrt_llm_max_in_flight"] = values["dflash_instances"] * config.max_batch_sequences + config.max_queue_size
     out = Path(config.out)

@@ -113,3 +113,27 @@ def test_statistics_have_the_shape_of_tensorrt_llm_ensemble_outputs(triton):
                      "finish_reason", "batch_index"):
             assert result.as_numpy(name).shape == shape, (model, name)
         assert result.as_numpy("batch_index").reshape(-1)[0] == 0
+
+
+def test_nvidias_step_by_step_test_is_told_what_to_call(triton):
+    """end_to_end_test.py (without --test-llmapi) first calls TensorRT-LLM's own `preprocessing` step with
+    QUERY, BAD_WORDS_DICT, STOP_WORDS_DICT and REQUEST_OUTPUT_LEN; ours is another step under that name."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    inputs = []
+    for name, array in {"QUERY": np.array([[PROMPT]]).astype(object), "BAD_WORDS_DICT": np.array([[""]], dtype=object),
+                        "STOP_WORDS_DICT": np.array([[""]], dtype=object),
+                        "REQUEST_OUTPUT_LEN": np.array([[MAX_TOKENS]], dtype=np.int32)}.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype.kind == "O" else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(triton.config.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("preprocessing", inputs, request_id="0")
+    finally:
+        client.close()
+    message = str(raised.value)
+    assert "not TensorRT-LLM's preprocessing model" in message and "REQUEST_OUTPUT_LEN" in message
+    assert "'ensemble'" in message and "'tensorrt_llm'" in message
