@@ -78,6 +78,8 @@ class LlmApiService:
             bls = pb.InferenceRequest(
                 model_name=self.dflash_model, requested_output_names=list(DFLASH_OUTPUTS),
                 inputs=[pb.Tensor(name, value) for name, value in llmapi.dflash_inputs(request, prompt_ids).items()])
+            if running.cancelled:  # stopped while it was being tokenized: nothing to generate
+                return
             answer.scheduled()
             for reply in bls.exec(decoupled=True):
                 if reply.has_error():

@@ -60,7 +60,7 @@ def test_sampling_parameters_map_to_the_generation():
     ({"text_input": np.array([b"  "], dtype=object)}, "text_input is empty"),
 ])
 def test_refusals_name_the_input(values, message):
-    with pytest.raises(InvalidRequest, match=None) as raised:
+    with pytest.raises(InvalidRequest) as raised:
         llmapi.parse_llmapi_request(arrays(**values), LIMITS, decoupled=False)
     assert message in str(raised.value)
 
