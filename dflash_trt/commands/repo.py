@@ -10,7 +10,7 @@ from dflash_trt.serving.repo import RepoConfig
 def register(subparsers) -> None:
     defaults = RepoConfig(engine_dir=Path("."), out=Path("."))
     parser = subparsers.add_parser("repo", help="render a Triton model repository for an engine",
-                                   description="Render preprocessing, dflash, postprocessing and ensemble "
+                                   description="Render preprocessing, dflash, postprocessing, tensorrt_llm and the ensembles "
                                                "from model_repository/templates for an engine directory.")
     parser.add_argument("--engine", type=Path, required=True, help="engine directory (has manifest.json)")
     parser.add_argument("--out", type=Path, help="repository directory (default: model_repository/<engine name>)")
@@ -51,6 +51,11 @@ def register(subparsers) -> None:
     parser.add_argument("--canary-tokens", type=int, default=defaults.canary_tokens,
                         help=f"tokens of the load-time canary generation whose acceptance is logged and exported "
                              f"(default {defaults.canary_tokens}; 0: off)")
+    parser.add_argument("--tensorrt-llm-decoupled", action="store_true",
+                        help="render the tensorrt_llm model (NVIDIA's LLM-API contract) decoupled, as NVIDIA's "
+                             "model.yaml triton_config.decoupled: true: it streams (streaming = true) and is served "
+                             "on gRPC streams and generate_stream only (default: not decoupled, NVIDIA's default: "
+                             "one answer per request, also for gRPC ModelInfer and HTTP /infer)")
     parser.set_defaults(func=run)
 
 
@@ -67,7 +72,7 @@ def run(args) -> int:
         queue_timeout_us=args.queue_timeout_us, device=args.device, num_threads=args.num_threads,
         block_size=args.block_size, block_policy=args.block_policy, max_batch_sequences=args.max_batch_sequences,
         max_kv_tokens=args.max_kv_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
-        canary_tokens=args.canary_tokens,
+        canary_tokens=args.canary_tokens, tensorrt_llm_decoupled=args.tensorrt_llm_decoupled,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

@@ -54,6 +54,7 @@ OUTPUTS = {
     "acceptance_rate": "TYPE_FP32",
     "finish_reason": "TYPE_STRING",
     "generation_id": "TYPE_STRING",
+    "stop_reason": "TYPE_STRING",  # the stop word that ended the answer, or "" (read by tensorrt_llm)
 }
 
 
@@ -68,6 +69,7 @@ def chunk_outputs(chunk: Chunk, generation_id: str) -> dict[str, np.ndarray]:
         "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
         "finish_reason": string_array([chunk.finish_reason]),
         "generation_id": string_array([generation_id]),
+        "stop_reason": string_array([chunk.stop_reason]),
     }
 
 

@@ -67,6 +67,7 @@ class Chunk:
     is_final: bool
     finish_reason: str
     stats: Stats
+    stop_reason: str = ""  # on the final chunk: the stop word that ended the answer ("" for end ids, length)
 
 
 class Cancelled(Exception):
@@ -120,8 +121,10 @@ class ChunkStream:
         self.released_all += released
         if finish_reason:
             self.done = True
-            return _final_chunk(request, self.window, released, self.released_all, self.prompt_ids, finish_reason,
-                                stats)
+            chunk = _final_chunk(request, self.window, released, self.released_all, self.prompt_ids, finish_reason,
+                                 stats)
+            chunk.stop_reason = matcher.stop_word
+            return chunk
         if request.stream and released:
             ids, num_context = self.window.add(released)
             return Chunk(ids, num_context, released, False, "", stats)

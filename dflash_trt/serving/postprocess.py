@@ -1,4 +1,11 @@
-"""The postprocessing model's work: token window -> text, statistics passed through unchanged."""
+"""The postprocessing model's work: token window -> text, statistics passed through unchanged.
+
+Shapes are those of TensorRT-LLM's ensemble, whose clients index them (end_to_end_grpc_client.py reads
+`text_output[0].decode()` and `batch_index[0][0]`): the model batches (max_batch_size 1) and returns
+text_output as [1] (one string per batch row, as NVIDIA's postprocessing does) and every other output as
+[1, 1]. Triton's ensemble passes a batching step's tensors on unchanged and drops the batch row of 1 for
+`ensemble_unbatched`, whose outputs are all [1].
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ from dflash_trt.serving.dflash_service import OUTPUTS as DFLASH_OUTPUTS
 from dflash_trt.serving.requests import decode_text, scalar
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 
-# Postprocessing consumes exactly what the dflash model emits: one definition of that contract.
-INPUTS = DFLASH_OUTPUTS
+# Postprocessing consumes what the dflash model emits (one definition of that contract), except the stop word,
+# which only the tensorrt_llm contract returns.
+INPUTS = {name: kind for name, kind in DFLASH_OUTPUTS.items() if name != "stop_reason"}
 PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
                   "finish_reason")
 
@@ -22,7 +30,8 @@ def postprocess(tokenizer, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
     finish_reason = decode_text(scalar(arrays, "finish_reason"), "finish_reason")
     text = decode_chunk(tokenizer, window, num_context, is_final=bool(finish_reason))
     outputs = {"text_output": string_array([text])}
-    outputs.update({name: np.asarray(arrays[name]).reshape(1) for name in PASSED_THROUGH})
+    outputs.update({name: np.asarray(arrays[name]).reshape(1, 1) for name in PASSED_THROUGH})
+    outputs["batch_index"] = np.zeros((1, 1), dtype=np.int32)
     return outputs
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
-from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs
+from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs, pbtxt_step_inputs
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
-MODELS = ("preprocessing", "dflash", "postprocessing", "ensemble")
+# "tensorrt_llm" is NVIDIA's current contract (its LLM-API model's tensors), served by the same dflash model.
+MODELS = ("preprocessing", "dflash", "postprocessing", "tensorrt_llm", "ensemble")
 # The ensemble template rendered twice: name -> (max_batch_size, text_output dims). "ensemble" has
 # TensorRT-LLM's layout (a leading batch dimension, at most 1: the models serve one request each);
 # "ensemble_unbatched" takes the same tensors without the batch dimension.
@@ -54,6 +55,9 @@ class RepoConfig:
     max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
     prefill_chunk_tokens: int = 512  # prompt tokens prefilled per step: the stall a newcomer adds
     canary_tokens: int = DEFAULT_CANARY_TOKENS  # the load-time canary generation (canary.py); 0: off
+    # NVIDIA's model.yaml triton_config.decoupled for the tensorrt_llm model: False (NVIDIA's default) answers
+    # gRPC ModelInfer and HTTP /infer, as NVIDIA's llmapi_client.py calls it; True streams.
+    tensorrt_llm_decoupled: bool = False
 
     def validate(self) -> None:
         if self.block_policy not in BLOCK_POLICIES:
@@ -82,7 +86,7 @@ def engine_limits(engine) -> tuple[int, int]:
 
 
 def render_repository(config: RepoConfig) -> Path:
-    """Write the models of the repository (the three Python models, both ensembles) into config.out."""
+    """Write the models of the repository (the four Python models, both ensembles) into config.out."""
     from dflash_trt.engine import load_engine
 
     config.validate()
@@ -115,9 +119,13 @@ def render_repository(config: RepoConfig) -> Path:
         "max_kv_tokens": max_kv_tokens,
         "prefill_chunk_tokens": config.prefill_chunk_tokens,
         "canary_tokens": config.canary_tokens,
+        "tensorrt_llm_decoupled": "true" if config.tensorrt_llm_decoupled else "false",
+        # Every request the dflash instances can batch or queue; beyond that the queue would refuse them anyway.
         "trtllm_inputs": pbtxt_inputs(),
         "trtllm_input_map": pbtxt_input_map(),
+        "trtllm_step_inputs": pbtxt_step_inputs(),
     }
+    values["tensorrt_llm_max_in_flight"] = values["dflash_instances"] * config.max_batch_sequences + config.max_queue_size
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     for model in MODELS[:-1]:

@@ -132,9 +132,9 @@ def needs_http_guard(config: ServerConfig, home: Path) -> bool:
 def server_command(config: ServerConfig, home: Path, http_port: int | None = None,
                    shm_prefix: str | None = None) -> list[str]:
     """The tritonserver command line; `http_port` moves Triton's HTTP to a private loopback port (behind the
-    guard), `shm_prefix` names the Python backend's shared-memory regions."""
+    guard), `shm_prefix` names the Python backend's shared-memory regions (default: shm_region_prefix)."""
     http_address = config.address if http_port is None else "127.0.0.1"
-    backend_config = [f"--backend-config=python,shm-region-prefix-name={shm_prefix}"] if shm_prefix else []
+    backend_config = [f"--backend-config=python,shm-region-prefix-name={shm_prefix or shm_region_prefix(config)}"]
     return [
         *config.launcher,
         str(home / "bin" / "tritonserver"),
@@ -147,11 +147,28 @@ def server_command(config: ServerConfig, home: Path, http_port: int | None = Non
         f"--grpc-port={config.grpc_port}",
         f"--metrics-address={config.address}",
         f"--metrics-port={config.metrics_port}",
-        "--allow-gpu-metrics=false",
+        f"--allow-gpu-metrics={'true' if repository_device(config.model_repository) == 'cuda' else 'false'}",
         f"--exit-timeout-secs={config.exit_timeout_s}",
         f"--log-verbose={config.log_verbose}",
         *restricted_api_options(admin_key(config)),
     ]
+
+
+_DEVICE = re.compile(r'key:\s*"device"\s*value:\s*\{\s*string_value:\s*"([a-z]+)"')
+
+
+def repository_device(repo: Path) -> str:
+    """The device the repository's dflash model runs on ("cpu" when it cannot be read): Triton's GPU metrics
+    (utilization, memory, power) are exported for "cuda"."""
+    config = Path(repo) / "dflash" / "config.pbtxt"
+    match = _DEVICE.search(config.read_text()) if config.is_file() else None
+    return match.group(1) if match else "cpu"
+
+
+def shm_region_prefix(config: ServerConfig) -> str:
+    """A shared-memory prefix of this server's Python stubs, unique on the host: servers that share one
+    (the backend's default) collide in /dev/shm, which is why NVIDIA's launcher passes one per server."""
+    return f"dflash_{os.getpid()}_{config.http_port}_"
 
 
 def load_errors(log: str) -> list[str]:

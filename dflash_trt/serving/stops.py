@@ -23,6 +23,7 @@ class StopMatcher:
         self._released: list[int] = []
         self._pending: list[int] = []
         self.stopped = False
+        self.stop_word = ""  # the stop word found (the one that starts first)
 
     def push(self, token_id: int) -> list[int]:
         if self.stopped:
@@ -31,10 +32,11 @@ class StopMatcher:
         if not self.stop_words:
             return self._release(len(self._pending))
         text = self._pending_text(len(self._pending))
-        hits = [i for i in (text.find(w) for w in self.stop_words) if i >= 0]
+        hits = [(i, word) for word, i in ((w, text.find(w)) for w in self.stop_words) if i >= 0]
         if hits:
             self.stopped = True
-            return self._release(self._tokens_before(min(hits)))
+            start, self.stop_word = min(hits)
+            return self._release(self._tokens_before(start))
         incomplete = len(text) - len(settled(text))  # bytes of a character still to come
         return self._release(self._tokens_before(len(text) - max(incomplete, self._held_chars(text))))
 

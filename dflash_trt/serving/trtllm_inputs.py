@@ -95,3 +95,28 @@ def pbtxt_inputs() -> str:
 def pbtxt_input_map() -> str:
     """input_map entries passing every compatibility input to the preprocessing model, which validates them."""
     return "\n".join(f'      input_map {{ key: "{name}" value: "{name}" }}' for name in COMPAT_INPUTS)
+
+
+# The inputs of TensorRT-LLM's own `preprocessing` step model, which NVIDIA's step-by-step test
+# (tools/inflight_batcher_llm/end_to_end_test.py without --test-llmapi) calls directly. Ours is a different
+# step behind the same name: the preprocessing model declares these (any shape) only to refuse them with
+# what to call instead, where Triton would refuse them with "unexpected inference input".
+TRTLLM_STEP_INPUTS = {
+    "QUERY": "TYPE_STRING", "DECODER_QUERY": "TYPE_STRING", "REQUEST_OUTPUT_LEN": "TYPE_INT32",
+    "BAD_WORDS_DICT": "TYPE_STRING", "STOP_WORDS_DICT": "TYPE_STRING", "EMBEDDING_BIAS_WORDS": "TYPE_STRING",
+    "EMBEDDING_BIAS_WEIGHTS": "TYPE_FP32", "END_ID": "TYPE_INT32", "PAD_ID": "TYPE_INT32",
+}
+STEP_REFUSAL = ("model 'preprocessing' is an internal step of this server's ensemble, not TensorRT-LLM's "
+                "preprocessing model (it got {names}); its step models are not served: send the request to "
+                "'ensemble' (TensorRT-LLM's ensemble inputs) or 'tensorrt_llm' (its LLM-API inputs; "
+                "end_to_end_test.py --test-llmapi)")
+
+
+def step_refusal(names) -> str:
+    return STEP_REFUSAL.format(names=", ".join(sorted(names)))
+
+
+def pbtxt_step_inputs() -> str:
+    """TRTLLM_STEP_INPUTS as config.pbtxt input entries: optional, any rank-2 shape ([1, 1], [1, N])."""
+    return ",\n".join(f'  {{ name: "{name}" data_type: {kind} dims: [ -1, -1 ] optional: true }}'
+                       for name, kind in TRTLLM_STEP_INPUTS.items())

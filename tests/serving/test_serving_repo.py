@@ -9,6 +9,7 @@ from tritonclient.grpc import model_config_pb2
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.repo import ENSEMBLES, MODELS, RepoConfig, pbtxt_string, render_repository
 from dflash_trt.serving.requests import OUTPUTS, TEXT_INPUTS
+from dflash_trt.serving.trtllm_inputs import TRTLLM_STEP_INPUTS
 
 TYPE = model_config_pb2.DataType.Name
 
@@ -34,10 +35,10 @@ TRTLLM_DIMS = {"stop_words": [-1], "bad_words": [-1], "embedding_bias_words": [-
                "text_output": [-1]}
 
 
-def test_renders_the_four_models_with_their_code(repo):
+def test_renders_the_models_with_their_code(repo):
     out, configs, _ = repo
     assert sorted(p.name for p in out.iterdir()) == sorted(RENDERED)
-    for name in ("preprocessing", "dflash", "postprocessing"):
+    for name in ("preprocessing", "dflash", "postprocessing", "tensorrt_llm"):
         assert (out / name / "1" / "model.py").is_file()
     for name in ENSEMBLES:
         assert (out / name / "1").is_dir()
@@ -70,7 +71,8 @@ def test_every_ensemble_step_maps_tensors_its_model_declares(repo):
     available = {t.name for t in configs["ensemble"].input}
     for step in configs["ensemble"].ensemble_scheduling.step:
         model = configs[step.model_name]
-        assert set(step.input_map) == {t.name for t in model.input}, step.model_name
+        declared = {t.name for t in model.input} - set(TRTLLM_STEP_INPUTS)  # refused when called directly
+        assert set(step.input_map) == declared, step.model_name
         assert set(step.input_map.values()) <= available, step.model_name
         assert set(step.output_map) <= {t.name for t in model.output}, step.model_name
         available |= set(step.output_map.values())

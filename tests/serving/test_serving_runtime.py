@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serving.client import generate
+from dflash_trt.serving.client import _post_json, generate
 from dflash_trt.serving.detokenize import decode
 from dflash_trt.serving.generation import Stats, chunks
 from dflash_trt.serving.repo import RepoConfig, render_repository
@@ -40,7 +40,11 @@ def test_a_served_onnx_engine_answers_like_the_torch_runtime(onnx_pair_engines, 
     repo = render_repository(RepoConfig(onnx_pair_engines["onnx"], tmp_path / "repo", num_threads=1))
     with serve_on_free_ports(repo) as server:
         out = generate(server.config.http_url, prompt, 12)
+        # NVIDIA's current contract on the same engine (tensorrt_llm, answered by the same dflash model)
+        llmapi = _post_json(f"{server.config.http_url}/v2/models/tensorrt_llm/generate",
+                            {"text_input": prompt, "sampling_param_max_tokens": 12}, 300)
     assert out["text_output"] == decode(reference.tokenizer, answer.window_ids)  # prompt echoed in both
+    assert llmapi["text_output"] == out["text_output"]
 
 
 def test_a_tensorrt_drafter_is_refused_with_what_it_needs():

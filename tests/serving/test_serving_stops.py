@@ -59,3 +59,12 @@ def test_stop_words_without_a_tokenizer_are_a_clear_request_error():
     with pytest.raises(InvalidRequest, match="no tokenizer"):
         StopMatcher(None, ["User:"])
     assert StopMatcher(None, []).push(7) == [7]
+
+
+def test_the_matcher_tells_which_stop_word_ended_the_text(smollm2_tokenizer):
+    matcher = StopMatcher(smollm2_tokenizer, ["four", " two", "never-seen"])
+    for token in smollm2_tokenizer.encode("one two three four", add_special_tokens=False):
+        matcher.push(token)
+        if matcher.stopped:
+            break
+    assert matcher.stop_word == " two"  # the word that starts first, whatever the order of the list

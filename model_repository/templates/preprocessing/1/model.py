@@ -4,7 +4,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serving import requests, triton_io
+from dflash_trt.serving import requests, triton_io, trtllm_inputs
 from dflash_trt.serving.preprocess import Preprocessor
 from dflash_trt.serving.tokenizers import tokenizer_for
 
@@ -16,7 +16,8 @@ class TritonPythonModel:
     temperature FP32, top_k INT32, top_p FP32, seed UINT64, stop_words STRING [-1], end_id INT32,
     exclude_input_in_output BOOL, min_tokens INT32, bad_words STRING [-1], repetition_penalty FP32,
     presence_penalty FP32, frequency_penalty FP32; and TensorRT-LLM's other optional inputs (beam_width,
-    return_log_probs, ...: dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values.
+    return_log_probs, ...: dflash_trt/serving/trtllm_inputs.py), refused unless at their neutral values;
+    TensorRT-LLM's own preprocessing inputs (QUERY, REQUEST_OUTPUT_LEN, ...) are refused, saying what to call.
     Output: input_ids INT32 [-1] (the prompt's token ids). One response per request; an invalid
     request gets an error response naming the bad input.
     text_input and max_tokens are declared optional so that this model runs and names a missing one (Triton 2.51
@@ -31,8 +32,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = triton_io.parse_model_config(args)
         name = args["model_name"]
-        triton_io.check_tensors(config, name, {k: v[1] for k, v in requests.TEXT_INPUTS.items()},
-                                {"input_ids": "TYPE_INT32"})
+        triton_io.check_tensors(config, name, {**{k: v[1] for k, v in requests.TEXT_INPUTS.items()},
+                                               **trtllm_inputs.TRTLLM_STEP_INPUTS}, {"input_ids": "TYPE_INT32"})
         params = triton_io.model_parameters(config)
         defaults = requests.RequestLimits()
         limits = requests.RequestLimits(
@@ -47,6 +48,10 @@ class TritonPythonModel:
     def execute(self, requests_):
         responses = []
         for request in requests_:
+            step_inputs = triton_io.read_inputs(pb_utils, request, trtllm_inputs.TRTLLM_STEP_INPUTS)
+            if step_inputs:
+                responses.append(triton_io.error_response(pb_utils, trtllm_inputs.step_refusal(step_inputs)))
+                continue
             try:
                 requests.check_parameters(triton_io.request_parameters(request))
                 arrays = triton_io.read_inputs(pb_utils, request, requests.TEXT_INPUTS)
