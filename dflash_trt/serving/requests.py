@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dflash_trt.decoding.step.sampling_rules import sampling_problem
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.trtllm_inputs import COMPAT_INPUTS, KINDS, unsupported_value
 
@@ -191,21 +192,14 @@ def parse_token_request(arrays: dict[str, np.ndarray], limits: RequestLimits,
 def validate_sampling(request: GenerationRequest, limits: RequestLimits) -> None:
     if not 1 <= request.max_tokens <= limits.max_tokens:
         raise InvalidRequest(f"max_tokens must be in [1, {limits.max_tokens}], got {request.max_tokens}")
-    if not np.isfinite(request.temperature) or request.temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0, got {request.temperature}")
-    if not (0.0 < request.top_p <= 1.0):
-        raise InvalidRequest(f"top_p must be in (0, 1], got {request.top_p}")
-    if request.top_k < 0:
-        raise InvalidRequest(f"top_k must be >= 0, got {request.top_k}")
     if request.end_id is not None and request.end_id < IGNORE_EOS:
         raise InvalidRequest(f"end_id must be >= 0, or -1 to ignore end-of-sequence, got {request.end_id}")
-    if request.min_tokens < 0:
-        raise InvalidRequest(f"min_tokens must be >= 0, got {request.min_tokens}")
-    if not (np.isfinite(request.repetition_penalty) and request.repetition_penalty > 0):
-        raise InvalidRequest(f"repetition_penalty must be a finite number > 0, got {request.repetition_penalty:g}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not np.isfinite(getattr(request, name)):
-            raise InvalidRequest(f"{name} must be a finite number, got {getattr(request, name):g}")
+    # The decoding loop's own rules (SamplingParams), refused here as a 400 before the request is queued.
+    problem = sampling_problem(float(request.temperature), int(request.top_k), float(request.top_p),
+                               int(request.min_tokens), float(request.repetition_penalty),
+                               float(request.presence_penalty), float(request.frequency_penalty))
+    if problem:
+        raise InvalidRequest(problem)
 
 
 def validate_prompt_length(num_prompt_tokens: int, max_tokens: int, limits: RequestLimits) -> None:

@@ -170,7 +170,7 @@ def test_slot_j_is_processed_with_the_drafts_before_it():
 
 @pytest.mark.parametrize("settings, message", [
     (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
-    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0, got 0.0"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0, got 0"),
     (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number > 0, got inf"),
     (dict(presence_penalty=float("nan")), "presence_penalty must be a finite number, got nan"),
     (dict(frequency_penalty=float("-inf")), "frequency_penalty must be a finite number, got -inf"),

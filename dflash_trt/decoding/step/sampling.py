@@ -10,12 +10,12 @@ before that choice (logits_processors.py, which states their semantics).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from dflash_trt.decoding.step.sampling_rules import sampling_problem
 from dflash_trt.errors import DFlashError
 
 
@@ -39,20 +39,11 @@ class SamplingParams:
     def __post_init__(self):
         if self.max_new_tokens <= 0:
             raise DFlashError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise DFlashError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise DFlashError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}")
+        problem = sampling_problem(self.temperature, self.top_k, self.top_p, self.min_tokens,
+                                   self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        if problem:
+            raise DFlashError(problem)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.min_tokens < 0:
-            raise DFlashError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise DFlashError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise DFlashError(f"{name} must be a finite number, got {getattr(self, name)}")
         words = tuple(tuple(int(t) for t in word) for word in self.bad_words_ids)
         if any(not word or min(word) < 0 for word in words):
             raise DFlashError(f"bad_words_ids must be non-empty sequences of token ids >= 0, got {list(words)}")
