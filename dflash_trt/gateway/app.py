@@ -34,6 +34,7 @@ from dflash_trt.gateway.triton import Piece, TritonEnsemble
 
 log = logging.getLogger("dflash_trt.gateway")
 CANCELLED_LOG = "generation cancelled in Triton before its end (the client went away)"
+DRAIN_FACTOR = 8  # bodies up to this many times the bound are read (and dropped) before the 413
 
 
 class ClientGone(Exception):
@@ -186,15 +187,21 @@ async def read_json_body(request: Request, max_bytes: int) -> bytes:
                        code="unsupported_media_type")
     too_large = APIError(413, f"The request body is larger than this server accepts ({max_bytes} bytes)",
                          code="request_too_large")
+    # A body over the bound is read on and dropped, so that the client, still sending, can read the 413 (an
+    # answer sent mid-upload reaches most clients as a reset connection); only a far larger one is cut off.
+    drain_bytes = DRAIN_FACTOR * max_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isdigit() and int(declared) > drain_bytes:
         raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+        if size > drain_bytes:
+            break
+        if size <= max_bytes:
+            chunks.append(chunk)
+    if size > max_bytes:
+        raise too_large
     return b"".join(chunks)
 
 
