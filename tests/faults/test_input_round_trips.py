@@ -171,7 +171,7 @@ def test_triton_answers_a_json_type_error_with_its_own_500(triton, body):
 
 @pytest.mark.parametrize("api", ["logging", "trace/setting"])
 def test_tritons_admin_apis_need_the_admin_key(triton, api):
-    from dflash_trt.serving.server import ADMIN_KEY_HEADER
+    from dflash_trt.serving.admin_apis import ADMIN_KEY_HEADER
 
     url = f"{triton.config.http_url}/v2/{api}"
     refused, text = http(url, {})
@@ -185,7 +185,7 @@ def test_shared_memory_registration_needs_the_admin_key_on_grpc(triton):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from dflash_trt.serving.server import GRPC_ADMIN_KEY_HEADER
+    from dflash_trt.serving.admin_apis import GRPC_ADMIN_KEY_HEADER
 
     client = grpcclient.InferenceServerClient(triton.config.grpc_url)
     try:
