@@ -15,7 +15,6 @@ probes.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import urllib.error
@@ -31,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from dflash_trt.gateway import responses as out
 from dflash_trt.gateway.errors import APIError, model_not_found, server_error
+from dflash_trt.gateway.guards import check_api_key, read_json_body
 from dflash_trt.gateway.model import COMPLETION_DEFAULT_MAX_TOKENS, GatewayConfig, ServedModel
 from dflash_trt.gateway.protocol import ChatRequest, CompletionRequest, parse_chat, parse_completion, parse_json
 from dflash_trt.gateway.triton import Piece, TritonEnsemble
@@ -188,36 +188,6 @@ def _server_problem(url: str) -> str:
 def _check_model(name: str, model: ServedModel) -> None:
     if name != model.name:
         raise model_not_found(name, model.name)
-
-
-def check_api_key(header: str | None, api_key: str) -> None:
-    """401 in OpenAI's shape unless the Authorization header is `Bearer <api_key>` (compared in constant time)."""
-    if not header:
-        raise APIError(401, "You didn't provide an API key: send it in the header 'Authorization: Bearer <key>'",
-                       code="invalid_api_key")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
-
-
-async def read_json_body(request: Request, max_bytes: int) -> bytes:
-    """The body of a POST that declares JSON (415 otherwise), read up to max_bytes (413 beyond)."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
-        raise APIError(415, f"Content-Type must be application/json, got {media_type or 'none'}",
-                       code="unsupported_media_type")
-    too_large = APIError(413, f"The request body is larger than this server accepts ({max_bytes} bytes)",
-                         code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # The two below run in a worker thread: JSON parsing, chat templating and tokenizing cost CPU time in

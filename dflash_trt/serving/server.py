@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -35,16 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.serving import model_processes as procs
+from dflash_trt.serving.admin_apis import admin_key_from_env, restricted_api_options
 from dflash_trt.serving.triton_home import ServerError, install_python_stub, server_env, triton_home
-
-# Triton's administrative APIs: any client of its HTTP or gRPC port could otherwise change the log settings
-# (or point the log file elsewhere), start traces, register shared memory or load and unload models. They
-# are always restricted: a request must carry the header ADMIN_KEY_HEADER with the admin key, which is
-# ADMIN_KEY_ENV's value when set, else a random one (the APIs are then closed to everybody).
-RESTRICTED_APIS = ("shared-memory", "logging", "trace", "model-repository")
-ADMIN_KEY_HEADER = "dflash-admin-key"
-GRPC_ADMIN_KEY_HEADER = "triton-grpc-protocol-" + ADMIN_KEY_HEADER  # gRPC metadata: Triton adds its prefix
-ADMIN_KEY_ENV = "DFLASH_TRT_TRITON_ADMIN_KEY"
 
 _MODEL_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.MULTILINE)
 _LOAD_FAILURE = re.compile(r"failed to load|UNAVAILABLE: Internal|Stub process .* is not healthy|Traceback")
@@ -77,7 +68,7 @@ class ServerConfig:
     echo: bool = False
     # Words before tritonserver: () or `mpirun --allow-run-as-root -n 1 [trtllm-llmapi-launch]` (launcher.py)
     launcher: tuple[str, ...] = ()
-    # The value of ADMIN_KEY_HEADER that opens the restricted APIs; None: ADMIN_KEY_ENV, else a random key.
+    # The admin key that opens Triton's restricted APIs (admin_apis.py); None: its variable, else a random key.
     admin_key: str | None = None
 
     @property
@@ -91,19 +82,6 @@ class ServerConfig:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.address}:{self.metrics_port}/metrics"
-
-
-def admin_key(config: ServerConfig) -> str:
-    return config.admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
-
-
-def restricted_api_options(key: str) -> list[str]:
-    """Triton 2.51's flags restricting RESTRICTED_APIS to `key`: `--http-restricted-api` and (gRPC's spelling)
-    `--grpc-restricted-protocol`, each `<api>,<api>:<header>=<value>`."""
-    if not re.fullmatch(r"[A-Za-z0-9._~+/-]+", key):
-        raise ServerError(f"{ADMIN_KEY_ENV}: the admin key may hold letters, digits and ._~+/- only")
-    setting = f"{','.join(RESTRICTED_APIS)}:{ADMIN_KEY_HEADER}={key}"
-    return [f"--http-restricted-api={setting}", f"--grpc-restricted-protocol={setting}"]
 
 
 # The first Triton whose JSON parser is iterative (triton-inference-server/common#156, in r26.05 = 2.69.0).
@@ -150,7 +128,7 @@ def server_command(config: ServerConfig, home: Path, http_port: int | None = Non
         f"--allow-gpu-metrics={'true' if repository_device(config.model_repository) == 'cuda' else 'false'}",
         f"--exit-timeout-secs={config.exit_timeout_s}",
         f"--log-verbose={config.log_verbose}",
-        *restricted_api_options(admin_key(config)),
+        *restricted_api_options(config.admin_key or admin_key_from_env()),
     ]
 
 

@@ -161,16 +161,17 @@ def test_triton_wraps_a_max_tokens_beyond_int32_before_any_model_sees_it(triton)
 
 @pytest.mark.parametrize("body", [{"text_input": "hi", "max_tokens": "eight"},
                                   {"text_input": "hi", "max_tokens": 4, "temperature": "hot"},
-                                  {"text_input": 5, "max_tokens": 4}])
+                                  {"text_input": 5, "max_tokens": 4},
+                                  {"text_input": "a\ud800", "max_tokens": 4}])  # a lone surrogate
 def test_triton_answers_a_json_type_error_with_its_own_500(triton, body):
     status, text = generate(triton, body)
-    assert status == 500 and "Unable to parse" in text
+    assert status == 500 and "parse" in text
     assert serves_normally(triton)
 
 
 @pytest.mark.parametrize("api", ["logging", "trace/setting"])
 def test_tritons_admin_apis_need_the_admin_key(triton, api):
-    from dflash_trt.serving.server import ADMIN_KEY_HEADER
+    from dflash_trt.serving.admin_apis import ADMIN_KEY_HEADER
 
     url = f"{triton.config.http_url}/v2/{api}"
     refused, text = http(url, {})
@@ -184,7 +185,7 @@ def test_shared_memory_registration_needs_the_admin_key_on_grpc(triton):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from dflash_trt.serving.server import GRPC_ADMIN_KEY_HEADER
+    from dflash_trt.serving.admin_apis import GRPC_ADMIN_KEY_HEADER
 
     client = grpcclient.InferenceServerClient(triton.config.grpc_url)
     try:
@@ -306,6 +307,7 @@ def gateway_serves_normally(gateway) -> bool:
     ("unknown field", {}, {"prompt": "hi", "temprature": 1}, None, 400, None, "Unrecognized request argument"),
     ("huge prompt", {}, {"prompt": "x" * (CONTEXT * 32 + 1)}, None, 400, "context_length_exceeded",
      f"accepts at most {CONTEXT * 32} bytes"),
+    ("8 MB body", {}, {"prompt": "word " * (8 * 2**20 // 5)}, None, 413, "request_too_large", "larger than"),
 ])
 def test_the_gateway_refuses_in_openais_shape_and_keeps_serving(gateway, case, headers, body, raw, status, code,
                                                                  message):
