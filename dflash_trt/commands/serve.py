@@ -65,7 +65,7 @@ def run(args) -> int:
     from dflash_trt.errors import DFlashError
     from dflash_trt.gateway.companion import gateway_beside
     from dflash_trt.serving.launcher import launcher_for_repository
-    from dflash_trt.serving.server import serve_forever
+    from dflash_trt.serving.supervisor import serve_forever
 
     if args.drain_timeout < 0:
         raise DFlashError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")

@@ -30,123 +30,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.serving import model_processes as procs
-from dflash_trt.serving.admin_apis import admin_key_from_env, restricted_api_options
+from dflash_trt.serving.server_config import ServerConfig, needs_http_guard, server_command
 from dflash_trt.serving.triton_home import ServerError, install_python_stub, server_env, triton_home
 
 _MODEL_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.MULTILINE)
 _LOAD_FAILURE = re.compile(r"failed to load|UNAVAILABLE: Internal|Stub process .* is not healthy|Traceback")
 
 
-@dataclass
-class ServerConfig:
-    """How to run tritonserver. Ports 0 are not allowed: Triton needs fixed ports."""
-
-    model_repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    address: str = "127.0.0.1"
-    ready_timeout_s: float = 300.0
-    # Drain: after SIGTERM Triton lets in-flight requests finish for this long (--exit-timeout-secs); then
-    # every process of the server is killed.
-    exit_timeout_s: int = 30
-    # The guarding HTTP front (http_guard.py): None = on when the Triton is older than 2.69 (its JSON parser
-    # crashes on deep nesting), True/False to force it.
-    http_guard: bool | None = None
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_json_depth: int = 100
-    # serve_forever only: model-aware health endpoints on this port (health.py; None = none), and how often a
-    # server whose tritonserver or model process died is restarted before giving up with an error.
-    health_port: int | None = None
-    max_restarts: int = 3
-    log_verbose: int = 0
-    log_path: Path | None = None
-    echo: bool = False
-    # Words before tritonserver: () or `mpirun --allow-run-as-root -n 1 [trtllm-llmapi-launch]` (launcher.py)
-    launcher: tuple[str, ...] = ()
-    # The admin key that opens Triton's restricted APIs (admin_apis.py); None: its variable, else a random key.
-    admin_key: str | None = None
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.address}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.address}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}:{self.metrics_port}/metrics"
-
-
-# The first Triton whose JSON parser is iterative (triton-inference-server/common#156, in r26.05 = 2.69.0).
-SAFE_JSON_TRITON = (2, 69)
 # Seconds past the drain before the server's processes are killed: Triton's own exit after draining.
 EXIT_MARGIN_S = 5
-
-
-def triton_version(home: Path) -> tuple[int, int] | None:
-    """(major, minor) of a Triton installation from its TRITON_VERSION file (NGC images have one;
-    nvidia-pytriton's 2.51 has none), else None."""
-    try:
-        major, minor = (home / "TRITON_VERSION").read_text().strip().split(".")[:2]
-        return int(major), int(minor)
-    except (OSError, ValueError):
-        return None
-
-
-def needs_http_guard(config: ServerConfig, home: Path) -> bool:
-    if config.http_guard is not None:
-        return config.http_guard
-    version = triton_version(home)
-    return version is None or version < SAFE_JSON_TRITON
-
-
-def server_command(config: ServerConfig, home: Path, http_port: int | None = None,
-                   shm_prefix: str | None = None) -> list[str]:
-    """The tritonserver command line; `http_port` moves Triton's HTTP to a private loopback port (behind the
-    guard), `shm_prefix` names the Python backend's shared-memory regions (default: shm_region_prefix)."""
-    http_address = config.address if http_port is None else "127.0.0.1"
-    backend_config = [f"--backend-config=python,shm-region-prefix-name={shm_prefix or shm_region_prefix(config)}"]
-    return [
-        *config.launcher,
-        str(home / "bin" / "tritonserver"),
-        f"--model-repository={Path(config.model_repository).resolve()}",
-        f"--backend-directory={home / 'backends'}",
-        *backend_config,
-        f"--http-address={http_address}",
-        f"--http-port={config.http_port if http_port is None else http_port}",
-        f"--grpc-address={config.address}",
-        f"--grpc-port={config.grpc_port}",
-        f"--metrics-address={config.address}",
-        f"--metrics-port={config.metrics_port}",
-        f"--allow-gpu-metrics={'true' if repository_device(config.model_repository) == 'cuda' else 'false'}",
-        f"--exit-timeout-secs={config.exit_timeout_s}",
-        f"--log-verbose={config.log_verbose}",
-        *restricted_api_options(config.admin_key or admin_key_from_env()),
-    ]
-
-
-_DEVICE = re.compile(r'key:\s*"device"\s*value:\s*\{\s*string_value:\s*"([a-z]+)"')
-
-
-def repository_device(repo: Path) -> str:
-    """The device the repository's dflash model runs on ("cpu" when it cannot be read): Triton's GPU metrics
-    (utilization, memory, power) are exported for "cuda"."""
-    config = Path(repo) / "dflash" / "config.pbtxt"
-    match = _DEVICE.search(config.read_text()) if config.is_file() else None
-    return match.group(1) if match else "cpu"
-
-
-def shm_region_prefix(config: ServerConfig) -> str:
-    """A shared-memory prefix of this server's Python stubs, unique on the host: servers that share one
-    (the backend's default) collide in /dev/shm, which is why NVIDIA's launcher passes one per server."""
-    return f"dflash_{os.getpid()}_{config.http_port}_"
 
 
 def load_errors(log: str) -> list[str]:
@@ -389,97 +284,6 @@ class TritonServer:
             f"Triton is ready: HTTP {c.http_url}{guard}  gRPC {c.grpc_url}  metrics {c.metrics_url}\n"
             f"  models from {Path(c.model_repository).resolve()}"
         )
-
-
-class _Supervisor:
-    """The state behind the health endpoints: which server runs, and in which phase."""
-
-    def __init__(self):
-        self.server: TritonServer | None = None
-        self.phase = "starting"  # starting, serving, restarting, draining, failed
-        self.last_failure = ""
-        self.restarts = 0
-
-    def report(self) -> dict:
-        server = self.server
-        problem = server.check() if server is not None and self.phase == "serving" else None
-        ready = self.phase == "serving" and problem is None and server.is_ready()
-        return {
-            "live": self.phase != "failed",
-            "ready": ready,
-            "status": self.phase if problem is None else "unhealthy",
-            "problem": problem or "",
-            "last_failure": self.last_failure,
-            "restarts": self.restarts,
-            "model_processes": {p.instance: procs.is_running(p) for p in (server.model_processes if server else [])},
-        }
-
-
-# How often serve_forever checks the server's processes.
-WATCH_INTERVAL_S = 0.5
-
-
-def serve_forever(config: ServerConfig) -> int:
-    """Run the server in the foreground until SIGINT/SIGTERM; return the process exit status.
-
-    A server whose tritonserver or model process dies is killed at once (requests in flight fail) and
-    started again, at most `max_restarts` times; after that ServerError (exit status 2 of the CLI), so
-    that a container exits and its orchestrator restarts it."""
-    state = _Supervisor()
-    stop = threading.Event()
-
-    def _on_signal(signum, _frame):
-        stop.set()
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    health = None
-    for path in procs.remove_stale_shm_regions():
-        print(f"removed {path}: left behind by a server that was killed", flush=True)
-    try:
-        if config.health_port is not None:
-            from dflash_trt.serving.health import HealthServer
-
-            try:
-                health = HealthServer(config.address, config.health_port, state.report).start()
-            except OSError as error:
-                raise ServerError(f"cannot serve the health endpoints on {config.address}:{config.health_port}: "
-                                  f"{error}") from None
-        while True:
-            server = state.server = TritonServer(config)
-            server.start()
-            try:
-                server.wait_ready(cancel=stop)
-            except ServerError:
-                if stop.is_set():
-                    return 0  # asked to stop while loading: not a failure
-                raise
-            state.phase = "serving"
-            print(server.describe(), flush=True)
-            failure = None
-            while not stop.is_set() and failure is None:
-                stop.wait(WATCH_INTERVAL_S)
-                failure = server.check()
-            if failure is None:
-                state.phase = "draining"
-                print(f"stopping tritonserver (draining for up to {config.exit_timeout_s} s) ...", flush=True)
-                server.stop()
-                return 0
-            state.phase, state.last_failure = "restarting", failure
-            print(f"error: {failure}; stopping the server so that requests in flight fail", flush=True)
-            server.kill()
-            if state.restarts >= config.max_restarts:
-                state.phase = "failed"
-                raise ServerError(server._failure(f"{failure} (after {state.restarts} restart(s) of "
-                                                  f"{config.max_restarts} allowed)"))
-            state.restarts += 1
-            print(f"restarting tritonserver ({state.restarts} of {config.max_restarts}) ...", flush=True)
-    finally:
-        if state.server is not None:
-            state.server.stop()
-        if health is not None:
-            health.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def serve_on_free_ports(model_repository: Path, attempts: int = 3, **overrides) -> TritonServer:

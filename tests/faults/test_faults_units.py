@@ -11,7 +11,7 @@ import pytest
 
 from dflash_trt.serving.http_guard import json_part
 from dflash_trt.serving.json_depth import exceeds_depth, max_depth
-from dflash_trt.serving.server import ServerConfig, needs_http_guard, server_command, triton_version
+from dflash_trt.serving.server_config import ServerConfig, needs_http_guard, server_command, triton_version
 
 
 def reference_depth(value) -> int:

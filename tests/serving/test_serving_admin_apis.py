@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dflash_trt.serving.admin_apis import ADMIN_KEY_ENV
-from dflash_trt.serving.server import ServerConfig, server_command
+from dflash_trt.serving.server_config import ServerConfig, server_command
 from dflash_trt.serving.triton_home import ServerError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.serving.server import ServerConfig, server_command
+from dflash_trt.serving.server_config import ServerConfig, server_command
 
 
 def repo_on(tmp_path: Path, device: str) -> Path:

@@ -16,7 +16,7 @@ import pytest
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving import launcher
 from dflash_trt.serving.repo import TEMPLATES, pbtxt_string
-from dflash_trt.serving.server import ServerConfig, server_command
+from dflash_trt.serving.server_config import ServerConfig, server_command
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIRUN = ["mpirun", "--allow-run-as-root", "-n", "1"]
@@ -66,10 +66,10 @@ def test_tritonserver_command_line_under_mpirun():
 
 def test_serve_command_launches_trtllm_repositories_under_mpirun(tmp_path, monkeypatch):
     from dflash_trt.cli import main
-    from dflash_trt.serving import server
+    from dflash_trt.serving import supervisor
 
     seen = []
-    monkeypatch.setattr(server, "serve_forever", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(supervisor, "serve_forever", lambda config: seen.append(config) or 0)
     (tmp_path / "trtllm").mkdir()
     (tmp_path / "torch").mkdir()
     trtllm_repo, torch_repo = repo_for(tmp_path / "trtllm", "trtllm"), repo_for(tmp_path / "torch", "torch")
