@@ -118,12 +118,12 @@ def test_ordinary_requests_pass_the_guard_unchanged(served):
 
 
 def test_grpc_carries_the_same_text_without_parsing_it_as_json(served):
-    # gRPC bodies are protobuf: the nested text is one string to Triton (refused as too long for the model's
-    # context by our preprocessing), never parsed as JSON, and the server is unharmed.
+    # gRPC bodies are protobuf: the nested text is one string to Triton (refused by our preprocessing as longer
+    # than the prompt bytes the model's context allows), never parsed as JSON, and the server is unharmed.
     triton_pid = served.tritonserver_pids()[0]
     stream = GrpcStream(served.grpc_url)
     try:
-        with pytest.raises(RequestFailed, match="exceeds the model's context"):
+        with pytest.raises(RequestFailed, match="text_input is 120004 bytes; this server accepts at most"):
             list(stream.chunks(nested(DEPTH), 4, timeout_s=120))
         chunks = list(stream.chunks("hi", 2, timeout_s=120))
         assert chunks[-1]["num_output_tokens"] == 2
