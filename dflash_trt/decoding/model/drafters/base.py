@@ -171,17 +171,6 @@ class DrafterBase(nn.Module):
         top_k > 0: also each slot's top-K candidates (Proposal.topk_ids, topk_logprobs or children)."""
         raise NotImplementedError
 
-
-def ranked_top_k(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, logprobs) of the k best entries of the last axis, best first, exact ties by ascending id: the same
-    order as argmax (first maximum), so rank 0 is always the chain's draft and the tree is deterministic."""
-    k = min(k, logprobs.shape[-1])
-    values, ids = torch.topk(logprobs, k, dim=-1)
-    ids, order = ids.sort(dim=-1)
-    values = values.gather(-1, order)
-    values, order = values.sort(dim=-1, descending=True, stable=True)
-    return ids.gather(-1, order), values
-
     def init_as_dflash(self) -> None:
         """Initialise a fresh drafter so it drafts what a DFlash drafter of the same layers drafts (training starts
         there; a no-op for DFlash itself, DFlash2 neutralises its extra parts)."""
@@ -194,6 +183,17 @@ def ranked_top_k(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def ranked_top_k(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, logprobs) of the k best entries of the last axis, best first, exact ties by ascending id: the same
+    order as argmax (first maximum), so rank 0 is always the chain's draft and the tree is deterministic."""
+    k = min(k, logprobs.shape[-1])
+    values, ids = torch.topk(logprobs, k, dim=-1)
+    ids, order = ids.sort(dim=-1)
+    values = values.gather(-1, order)
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    return ids.gather(-1, order), values
 
 
 def layer_shapes(config: DrafterConfig, index: int) -> dict[str, tuple[int, ...]]:
