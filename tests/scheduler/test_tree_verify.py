@@ -65,15 +65,16 @@ def near_miss_oracle(target, prompts, references, **drafter_settings) -> NearMis
     return oracle
 
 
-def run(target, drafter, prompts, method, max_batch_size: int = 3):
-    """Drive a scheduler through ARRIVALS (requests join while others run and leave). Returns results by id."""
+def run(target, drafter, prompts, method, max_batch_size: int = 3, **settings):
+    """Drive a scheduler through ARRIVALS (requests join while others run and leave); settings go to every
+    request's SamplingParams. Returns the results in request order."""
     scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=max_batch_size,
                                                                   prefill_chunk_tokens=16),
                           FixedBlockSize(BLOCK), method)
     results, step = {}, 0
     while step <= max(ARRIVALS) or scheduler.has_unfinished:
         for i in ARRIVALS.get(step, []):
-            scheduler.add_request(prompts[i], SamplingParams(max_new_tokens=MAX_NEW[i]), request_id=i)
+            scheduler.add_request(prompts[i], SamplingParams(max_new_tokens=MAX_NEW[i], **settings), request_id=i)
         for out in scheduler.step():
             if out.is_final:
                 results[out.index] = out.result
@@ -119,6 +120,19 @@ def test_real_drafters_give_plain_tokens_with_a_tree(family, tmp_path):
         drafter = load_drafter(tmp_path / kind)
         results = run(target, drafter, prompts, TreeVerify(24, 4))
         assert_plain_tokens(results, references)
+
+
+def test_logits_processors_run_per_node_with_its_own_prefix(family):
+    """Penalties, min_tokens and bad words change greedy tokens; each node is processed with its own path."""
+    name, target, prompts, _ = family
+    settings = dict(repetition_penalty=1.4, frequency_penalty=0.3, min_tokens=6, stop_token_ids=(7,),
+                    bad_words_ids=((3, 9), (11,)))
+    references = [generate(target, None, [p], SamplingParams(max_new_tokens=n, **settings), block_size=1)[0].token_ids
+                  for p, n in zip(prompts, MAX_NEW)]
+    assert references != family[3], "the processors should change the greedy tokens"
+    results = run(target, near_miss_oracle(target, prompts, references), prompts, TreeVerify(32), **settings)
+    assert_plain_tokens(results, references)
+    assert max(a for r in results for a in r.acceptance_lengths) > 2
 
 
 # -- the tree is the top-B prefixes -----------------------------------------------------------------------------
