@@ -16,6 +16,7 @@ from pathlib import Path
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.step.results import GenerationResult
 from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.step.verify import TreeVerify
 from dflash_trt.errors import DFlashError
 
 
@@ -98,7 +99,7 @@ def run_benchmark(target, drafter, prompts: list[list[int]], params: SamplingPar
     """Run every prompt with DFlash and with block_size 1, alternating which goes first. method: how DFlash
     verifies its drafts (default the chain; a TreeVerify for a tree)."""
     block_size = block_size or drafter.config.block_size
-    report = BenchReport(block_size=block_size, tree_budget=getattr(method, "budget", 0))
+    report = BenchReport(block_size=block_size, tree_budget=method.budget if isinstance(method, TreeVerify) else 0)
     # Warm-up: the first forward of a process pays for allocations and kernel selection.
     warmup = SamplingParams(max_new_tokens=min(8, params.max_new_tokens))
     generate(target, drafter, [prompts[0]], warmup, block_size=block_size, method=method)
