@@ -64,6 +64,16 @@ def test_sampled_tree_tokens_follow_the_target_distribution(pair, filters):
     assert chi_square_pvalue(samples, exact_joint(target, params)) > SIGNIFICANCE
 
 
+def test_a_dflash2_lattice_tree_is_lossless_at_temperature_one(pair):
+    """DFlash2 draws its chain drafts from the selector's q; the tree ignores q and ranks the lattice: still lossless."""
+    target, _ = pair
+    dflash2 = make_tiny_drafter(target.model.config, block_size=4, mask_token_id=0, seed=1, family="dflash2",
+                                selector_top_k=4)
+    samples, accepted, params = sampled(target, dflash2, dict(temperature=1.0))
+    assert accepted > NUM_SAMPLES // 4
+    assert chi_square_pvalue(samples, exact_joint(target, params)) > SIGNIFICANCE
+
+
 def test_a_walk_that_follows_the_drafter_on_a_miss_fails_the_check(pair, monkeypatch):
     original = tree_module._walk
 
