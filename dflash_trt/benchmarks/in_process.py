@@ -16,6 +16,7 @@ from pathlib import Path
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.step.results import GenerationResult
 from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.step.verify import TreeVerify
 from dflash_trt.errors import DFlashError
 
 
@@ -28,6 +29,7 @@ class PromptRecord:
 @dataclass
 class BenchReport:
     block_size: int
+    tree_budget: int = 0  # draft nodes per row of a tree verify (0: the chain)
     dflash: list[GenerationResult] = field(default_factory=list)
     baseline: list[GenerationResult] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class BenchReport:
     def to_dict(self) -> dict:
         return {
             "block_size": self.block_size,
+            "tree_budget": self.tree_budget,
             "num_prompts": len(self.dflash),
             "tau": self.tau,
             "speedup": self.speedup,
@@ -92,20 +95,22 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
 
 
 def run_benchmark(target, drafter, prompts: list[list[int]], params: SamplingParams, block_size: int | None = None,
-                  progress=None) -> BenchReport:
-    """Run every prompt with DFlash and with block_size 1, alternating which goes first."""
+                  progress=None, method=None) -> BenchReport:
+    """Run every prompt with DFlash and with block_size 1, alternating which goes first. method: how DFlash
+    verifies its drafts (default the chain; a TreeVerify for a tree)."""
     block_size = block_size or drafter.config.block_size
-    report = BenchReport(block_size=block_size)
+    report = BenchReport(block_size=block_size, tree_budget=method.budget if isinstance(method, TreeVerify) else 0)
     # Warm-up: the first forward of a process pays for allocations and kernel selection.
     warmup = SamplingParams(max_new_tokens=min(8, params.max_new_tokens))
-    generate(target, drafter, [prompts[0]], warmup, block_size=block_size)
+    generate(target, drafter, [prompts[0]], warmup, block_size=block_size, method=method)
     generate(target, None, [prompts[0]], warmup, block_size=1)
     for index, prompt in enumerate(prompts):
         runs = [("dflash", block_size), ("baseline", 1)]
         if index % 2:
             runs.reverse()
         for mode, size in runs:
-            result = generate(target, drafter if size > 1 else None, [prompt], params, block_size=size)[0]
+            result = generate(target, drafter if size > 1 else None, [prompt], params, block_size=size,
+                              method=method if size > 1 else None)[0]
             getattr(report, mode).append(result)
         if progress is not None:
             progress(index + 1, len(prompts), report)

@@ -28,6 +28,20 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                         help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
     add_speculative_config_option(parser)
+    parser.add_argument("--tree-budget", type=int, default=0, metavar="B",
+                        help="verify a tree of the drafter's B most probable continuations (0 = the chain, default)")
+    parser.add_argument("--tree-top-k", type=int, metavar="K",
+                        help="candidates per block slot of the tree (default: min(B, 8))")
+
+
+def verify_method(args):
+    """The verification method of --tree-budget / --tree-top-k (a one-line error for bad values)."""
+    from dflash_trt.decoding.step.verify import tree_or_chain
+
+    try:
+        return tree_or_chain(args.tree_budget, args.tree_top_k)
+    except ValueError as error:
+        raise DFlashError(str(error)) from None
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

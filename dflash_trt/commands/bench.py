@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dflash_trt.commands._options import add_logits_options, add_model_options, int_list, load_pair, sampling_params
+from dflash_trt.commands._options import (add_logits_options, add_model_options, int_list, load_pair,
+                                          sampling_params, verify_method)
 from dflash_trt.decoding.model.tokens import encode_prompt
 
 
@@ -36,13 +37,15 @@ def run(args) -> int:
     def progress(done, total, report):
         print(f"\r[{done}/{total}] tau {report.tau:.2f}", end="", file=sys.stderr, flush=True)
 
-    report = run_benchmark(target, drafter, prompts, sampling_params(args, target), args.block_size, progress)
+    report = run_benchmark(target, drafter, prompts, sampling_params(args, target), args.block_size, progress,
+                           verify_method(args))
     print(file=sys.stderr)
     summary = report.to_dict()
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"prompts {summary['num_prompts']}, block size {summary['block_size']}")
+        tree = f", tree of {summary['tree_budget']} nodes" if summary["tree_budget"] else ""
+        print(f"prompts {summary['num_prompts']}, block size {summary['block_size']}{tree}")
         print(f"tau {summary['tau']:.2f}   speedup {summary['speedup']:.2f}x   "
               f"TPOT {summary['tpot_ms']['dflash']:.1f} ms vs {summary['tpot_ms']['baseline']:.1f} ms   "
               f"identical outputs: {'yes' if summary['identical'] else 'NO'}")

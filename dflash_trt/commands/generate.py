@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dflash_trt.commands._options import add_model_options, add_sampling_options, int_list, load_pair, sampling_params
+from dflash_trt.commands._options import (add_model_options, add_sampling_options, int_list, load_pair,
+                                          sampling_params, verify_method)
 from dflash_trt.decoding.model.tokens import decode_tokens, encode_prompt
 
 
@@ -26,7 +27,8 @@ def run(args) -> int:
     target, drafter = load_pair(args)
     prompt_ids = args.prompt_ids if args.prompt_ids is not None else encode_prompt(target, args.prompt, args.chat)
     params = sampling_params(args, target)
-    result = generate(target, drafter, [prompt_ids], params, block_size=args.block_size)[0]
+    result = generate(target, drafter, [prompt_ids], params, block_size=args.block_size,
+                      method=verify_method(args))[0]
     text = decode_tokens(target, result.token_ids)
     if args.json:
         print(json.dumps({**result.to_dict(), "text": text}))

@@ -40,6 +40,9 @@ def register(subparsers) -> None:
     parser.add_argument("--block-policy", choices=("adaptive", "fixed"), default=defaults.block_policy,
                         help="adaptive (default): each step's block size from measured step costs and acceptance; "
                              "fixed: every step verifies --block-size")
+    parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget, metavar="B",
+                        help="verify a tree of the drafter's B most probable continuations per sequence "
+                             "(torch runtime; default 0: the chain)")
     parser.add_argument("--max-batch-sequences", type=int, default=defaults.max_batch_sequences,
                         help=f"requests one instance decodes together (default: {defaults.max_batch_sequences})")
     parser.add_argument("--max-kv-tokens", type=int, default=defaults.max_kv_tokens,
@@ -73,6 +76,7 @@ def run(args) -> int:
         block_size=args.block_size, block_policy=args.block_policy, max_batch_sequences=args.max_batch_sequences,
         max_kv_tokens=args.max_kv_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
         canary_tokens=args.canary_tokens, tensorrt_llm_decoupled=args.tensorrt_llm_decoupled,
+        tree_budget=args.tree_budget,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

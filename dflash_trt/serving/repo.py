@@ -50,6 +50,7 @@ class RepoConfig:
     num_threads: int = 0  # torch CPU threads per dflash instance; 0: the cores divided among the instances
     block_size: int = 0  # 0: the engine's; smaller overrides it, 1 = plain decoding (benchmark baseline)
     block_policy: str = "adaptive"  # each step's block size from measured costs; "fixed": always block_size
+    tree_budget: int = 0  # draft nodes of a tree verify per sequence (torch runtime); 0: the chain
     # In-flight batching of each dflash instance (dflash_trt/decoding/scheduler/scheduler.py).
     max_batch_sequences: int = 16  # sequences decoding together; more wait in Triton's queue
     max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
@@ -66,7 +67,8 @@ class RepoConfig:
                      "max_batch_sequences", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_prompt_bytes", "queue_timeout_us", "num_threads", "block_size", "max_kv_tokens", "canary_tokens"):
+        for name in ("max_prompt_bytes", "queue_timeout_us", "num_threads", "block_size", "max_kv_tokens",
+                     "canary_tokens", "tree_budget"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -91,7 +93,11 @@ def render_repository(config: RepoConfig) -> Path:
 
     config.validate()
     engine = load_engine(config.engine_dir, verify=False, load_models=False)
+    if config.tree_budget and engine.runtime == "trtllm":
+        raise DFlashError("tree_budget: the trtllm runtime cannot verify a tree (TensorRT-LLM's DFlash verifies a "
+                          "chain); set it to 0")
     context, max_tokens = engine_limits(engine)
+    context -= max(0, config.tree_budget + 1 - engine.block_size)  # a tree verify writes budget + 1 slots
     context = config.max_context_tokens or context
     max_tokens = config.max_tokens_limit or min(max_tokens, context - 1)
     if not 1 <= max_tokens < context:
@@ -115,6 +121,7 @@ def render_repository(config: RepoConfig) -> Path:
         "num_threads": config.num_threads,
         "block_size": config.block_size,
         "block_policy": config.block_policy,
+        "tree_budget": config.tree_budget,
         "max_batch_sequences": config.max_batch_sequences,
         "max_kv_tokens": max_kv_tokens,
         "prefill_chunk_tokens": config.prefill_chunk_tokens,

@@ -41,15 +41,22 @@ class LocalRuntime:
     max_concurrent_requests: int = 1
     limits: object = field(default_factory=_default_limits)  # dflash_trt.decoding.scheduler.scheduler.SchedulerLimits
     block_policy: str = "adaptive"  # or "fixed": every step verifies block_size (block_policy.py)
+    tree_budget: int = 0  # draft nodes of a tree verify per row (step/verify/tree.py); 0: the chain
+
+    def verify_method(self):
+        """How the drafts are verified: a tree of tree_budget nodes, or the chain."""
+        from dflash_trt.decoding.step.verify import tree_or_chain
+
+        return tree_or_chain(self.tree_budget)
 
     def new_scheduler(self):
-        """A scheduler over this runtime's pair, with its limits and block-size policy."""
+        """A scheduler over this runtime's pair, with its limits, block-size policy and verification method."""
         from dflash_trt.decoding.scheduler.block_policy import make_policy
         from dflash_trt.decoding.scheduler.scheduler import Scheduler, allowed_block_sizes
 
         drafter = self.drafter if self.block_size > 1 else None
         policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size))
-        return Scheduler(self.target, drafter, self.block_size, self.limits, policy)
+        return Scheduler(self.target, drafter, self.block_size, self.limits, policy, self.verify_method())
 
     @property
     def tokenizer(self):
@@ -60,7 +67,8 @@ class LocalRuntime:
         from dflash_trt.decoding.api import stream_generate
 
         params = sampling_params(request, end_ids, self.tokenizer)
-        for out in stream_generate(self.target, self.drafter, prompt_ids, params, block_size=self.block_size):
+        for out in stream_generate(self.target, self.drafter, prompt_ids, params, block_size=self.block_size,
+                                   method=self.verify_method()):
             yield step_of(out)
 
     def close(self) -> None:
@@ -68,7 +76,7 @@ class LocalRuntime:
 
 
 def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,
-                 block_policy: str = "adaptive", limits=None, cuda_graphs: bool | None = None):
+                 block_policy: str = "adaptive", limits=None, cuda_graphs: bool | None = None, tree_budget: int = 0):
     """Load the engine through its manifest and return the runtime it names.
 
     block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
@@ -76,8 +84,11 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     picks each step's block size up to that one, "fixed" pins it. limits: SchedulerLimits of the batch.
     cuda_graphs: the target's decoding steps through GraphedVerifier and a PyTorch drafter's through GraphedDrafter
     (static shapes, one CUDA graph per batch bucket and block size), on a CUDA device only; None reads the
-    environment (CUDA_GRAPHS_ENV=1: on).
+    environment (CUDA_GRAPHS_ENV=1: on). tree_budget B > 0 verifies a tree of B draft nodes per row instead of the
+    chain (torch drafters on the eager path; refused at load elsewhere, in one line).
     """
+    if tree_budget < 0:
+        raise DFlashError(f"{engine_dir}: tree_budget must be >= 0 (0 means the chain), got {tree_budget}")
     from dflash_trt.engine import load_engine
 
     if num_threads > 0:
@@ -90,6 +101,9 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
 
         if block_size and block_size != engine.block_size:
             raise DFlashError(f"{engine_dir}: the trtllm runtime serves the engine's block_size only")
+        if tree_budget:
+            raise DFlashError(f"{engine_dir}: the trtllm runtime cannot verify a tree (TensorRT-LLM's DFlash verifies "
+                              "a chain); set tree_budget 0 or use the torch runtime")
         return TrtllmRuntime.from_engine(engine)
     if engine.runtime not in LOCAL_RUNTIMES:
         raise DFlashError(f"{engine_dir}: unknown runtime {engine.runtime!r}")
@@ -105,8 +119,15 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
         cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
     if cuda_graphs:
         target, drafter = graphed_pair(target, drafter, device)
-    return LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
-                        limits=limits if limits is not None else _default_limits(), block_policy=block_policy)
+    runtime = LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
+                           limits=limits if limits is not None else _default_limits(), block_policy=block_policy,
+                           tree_budget=tree_budget)
+    if drafter is not None:
+        try:  # a runtime that cannot run a tree fails at load, not at the first request
+            runtime.verify_method().check(target, drafter)
+        except DFlashError as error:
+            raise DFlashError(f"{engine_dir}: {error}") from None
+    return runtime
 
 
 def graphed_pair(target, drafter, device: str):

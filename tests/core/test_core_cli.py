@@ -26,6 +26,16 @@ def test_generate_block_size_1_equals_dflash(tiny_pair_dir, capsys):
     assert plain["tau"] == 1.0
 
 
+def test_generate_with_a_tree_equals_plain_decoding(tiny_pair_dir, capsys):
+    args = ["generate", "--target", str(tiny_pair_dir / "target"), "--drafter", str(tiny_pair_dir / "drafter"),
+            "--prompt-ids", "4,5,6,7", "--max-new-tokens", "11", "--json"]
+    main(args + ["--block-size", "1"])
+    plain = json.loads(capsys.readouterr().out)
+    for tree in (["--tree-budget", "16"], ["--tree-budget", "5", "--tree-top-k", "2"]):
+        assert main(args + tree) == 0
+        assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+
+
 def test_generate_runs_a_dflash2_drafter(tiny_pair_dir, tmp_path, capsys):
     from transformers import AutoConfig
 
@@ -54,6 +64,9 @@ def test_generate_runs_a_dflash2_drafter(tiny_pair_dir, tmp_path, capsys):
     (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0, got 0"),
     (["--frequency-penalty", "nan"], "frequency_penalty must be a finite number, got nan"),
     (["--bad-words", "foo"], "bad_words need the target's tokenizer"),
+    (["--tree-budget", "-1"], "tree budget must be >= 0 (0 means the chain), got -1"),
+    (["--tree-top-k", "4"], "--tree-top-k needs --tree-budget B > 0"),
+    (["--tree-budget", "8", "--tree-top-k", "0"], "tree top-k must be >= 1, got 0"),
 ])
 def test_generate_reports_user_errors_in_one_line(tiny_pair_dir, capsys, args, message):
     base = {"--target": str(tiny_pair_dir / "target"), "--drafter": str(tiny_pair_dir / "drafter"),
@@ -105,6 +118,11 @@ def test_bench_reports_tau_speedup_and_identity(tiny_text_pair_dir, tmp_path, ca
     assert out["num_prompts"] == 2 and out["identical"] is True
     assert out["tau"] >= 1.0 and out["speedup"] > 0
     assert sum(out["acceptance_histogram"].values()) > 0 and set(out["acceptance_histogram"]) == {"1", "2", "3", "4"}
+    assert out["tree_budget"] == 0
+    main(["bench", "--target", str(tiny_text_pair_dir / "target"), "--drafter", str(tiny_text_pair_dir / "drafter"),
+          "--prompts", str(prompts), "--max-new-tokens", "6", "--json", "--tree-budget", "12"])
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["tree_budget"] == 12 and tree["identical"] is True
 
 
 def test_bench_rejects_a_malformed_prompt_file(tiny_text_pair_dir, tmp_path, capsys):

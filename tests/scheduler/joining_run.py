@@ -44,8 +44,8 @@ def oracle_block(references: dict[int, list[int]], drafts: dict[int, list[list[i
     original = decoding.draft_block
 
     @torch.inference_mode()
-    def draft_block(target, drafter, batch, block_size, block_lens=None):
-        block, proposal = original(target, drafter, batch, block_size, block_lens)
+    def draft_block(target, drafter, batch, block_size, block_lens=None, top_k=0):
+        block, proposal = original(target, drafter, batch, block_size, block_lens, top_k)
         lens = block_lens.tolist() if block_lens is not None else [block_size] * len(batch)
         for row, request in enumerate(batch.requests):
             drafts.setdefault(request.request_id, []).append(block[row, 1:lens[row]].tolist())

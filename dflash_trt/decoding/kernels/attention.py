@@ -157,7 +157,10 @@ def windowed_draft_attention(q, k, v, ctx_k, ctx_v, cache_k, cache_v, cache_lens
         visible = visible & (distance >= 0)
     scores = torch.matmul(q.transpose(1, 2).float(), keys.transpose(-1, -2)) * head_dim ** -0.5
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), values).transpose(1, 2).to(q.dtype)
+    # A padding slot of a shortened block can see nothing (its window holds only padding): its softmax row would
+    # be NaN, and NaN values reach the real slots of the next layer even through zero weights. Zero it instead.
+    probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(-1)[:, None, :, None], 0.0)
+    out = torch.matmul(probs, values).transpose(1, 2).to(q.dtype)
 
     for b in range(batch):  # keep the newest `room` context rows of each sequence
         count = int(ctx_lens[b])

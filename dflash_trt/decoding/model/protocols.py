@@ -9,7 +9,7 @@ methods and reads these attributes only: no probing with hasattr.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -26,11 +26,19 @@ class Proposal:
     drafts [B, S-1]: the drafted tokens. candidates / q [B, S-1, K] (families with a candidate
     selector): the K candidate ids of each slot and the selector's probability of each, the q of
     lossless rejection sampling. None means a deterministic (one-hot) draft.
+
+    For tree verification (propose(..., top_k=K)): topk_ids / topk_logprobs [B, S-1, K] are each slot's K most
+    likely tokens and their log-probabilities, best first (ties by ascending id), rank 0 being the chain's draft.
+    children (DFlash2): children(row, slot, parent_token) -> (ids, logprobs), the slot's candidates ranked for
+    that parent (the selector's lattice); None means the slots are marginals, the same for every parent.
     """
 
     drafts: torch.Tensor
     candidates: torch.Tensor | None = None
     q: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    children: Callable[[int, int, int], tuple[list[int], list[float]]] | None = None
 
 
 @runtime_checkable
@@ -58,20 +66,23 @@ class Drafter(Protocol):
 
     samples_drafts: whether `propose` draws its drafts (it then needs each row's sampling and returns q).
     static_block_size: the one block size the drafter can draft (an exported graph), or None for any.
+    proposes_top_k: whether `propose(..., top_k=K)` gives each slot's top-K candidates (tree verification).
     """
 
     config: DrafterConfig
     samples_drafts: bool
     static_block_size: int | None
+    proposes_top_k: bool
 
     def new_cache(self, batch_size: int, capacity: int) -> DraftCache:
         """An empty context cache for `batch_size` sequences of at most `capacity` positions."""
 
     def propose(self, target: "Target", block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
                 cache: DraftCache, block_lens: torch.Tensor | None = None,
-                sampling: Sequence[RowSampling] | None = None) -> Proposal:
+                sampling: Sequence[RowSampling] | None = None, top_k: int = 0) -> Proposal:
         """Drafts for slots 1..S-1 of block [B,S] = [last committed token, MASK...], after taking in the new
-        context rows features[b, :ctx_lens[b]] (appended to `cache`). block_lens [B]: real slots per row."""
+        context rows features[b, :ctx_lens[b]] (appended to `cache`). block_lens [B]: real slots per row.
+        top_k > 0 (only where proposes_top_k): the proposal also carries each slot's top-K candidates."""
 
 
 @runtime_checkable
@@ -80,6 +91,7 @@ class Target(Protocol):
 
     device: torch.device
     max_context: int | None
+    takes_explicit_masks: bool  # whether a forward may run an explicit block mask (a tree); static caches cannot
 
     def new_cache(self):
         """A cache for a prefill group (left-padded rows)."""

@@ -30,6 +30,8 @@ class TargetOutput:
 class TargetModel:
     """A frozen target model, plus its tokenizer when one is available."""
 
+    takes_explicit_masks = True  # BatchKVCache.prepare builds any block mask (tree verification)
+
     def __init__(self, model: nn.Module, tokenizer=None, source: str = "target"):
         self.model = model.eval()
         self.tokenizer = tokenizer

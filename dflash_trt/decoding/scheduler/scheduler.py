@@ -83,6 +83,7 @@ class Scheduler:
         self.drafter = drafter if self.max_block_size > 1 else None
         if self.drafter is not None:
             target.check_drafter(drafter.config)
+            self.method.check(target, self.drafter)
         self.layer_ids = tuple(drafter.config.target_layer_ids) if self.drafter is not None else ()
         self.limits = limits or SchedulerLimits()
         self.block_sizes = allowed_block_sizes(self.drafter, self.max_block_size)
@@ -106,11 +107,12 @@ class Scheduler:
         request_id = next(self._ids) if request_id is None else request_id
         if request_id in self._requests:
             raise DFlashError(f"request id {request_id!r} is already in use")
-        request = Request(request_id, prompt, params, self.max_block_size)
+        request = Request(request_id, prompt, params, self.max_block_size,
+                          self.method.verify_slots(self.max_block_size) if self.drafter is not None else 1)
         limit = self.target.max_context
         if limit and request.reserved_tokens > limit:
             raise DFlashError(f"prompt {request_id}: {len(request.prompt)} prompt tokens + max_new_tokens "
-                              f"{params.max_new_tokens} + block {self.max_block_size} exceed the target's context "
+                              f"{params.max_new_tokens} + block {request.verify_slots} exceed the target's context "
                               f"of {limit} tokens")
         if self.limits.max_kv_tokens is not None and request.reserved_tokens > self.limits.max_kv_tokens:
             raise DFlashError(f"prompt {request_id}: {request.reserved_tokens} KV slots needed exceed max_kv_tokens "

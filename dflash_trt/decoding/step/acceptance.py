@@ -38,12 +38,13 @@ def block_lengths(remaining: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def propose(drafter: Drafter, target, block, features, ctx_lens, cache, block_lens: torch.Tensor,
-            sampling) -> Proposal:
-    """Call drafter.propose, passing block_lens only for a ragged batch and sampling only to drafters
-    that draw their drafts."""
+            sampling, top_k: int = 0) -> Proposal:
+    """Call drafter.propose, passing block_lens only for a ragged batch, sampling only to drafters
+    that draw their drafts, and top_k only when a tree asks for candidates."""
     ragged = bool((block_lens < block.shape[1]).any())
+    extra = {"top_k": top_k} if top_k > 0 else {}
     return drafter.propose(target, block, features, ctx_lens, cache, block_lens=block_lens if ragged else None,
-                           sampling=sampling if drafter.samples_drafts else None)
+                           sampling=sampling if drafter.samples_drafts else None, **extra)
 
 
 def accept_row(logits: torch.Tensor, block: torch.Tensor, length: int, proposal: Proposal, row: int,

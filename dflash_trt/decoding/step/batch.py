@@ -23,7 +23,9 @@ from dflash_trt.errors import DFlashError
 class Request:
     """One generation: prompt, parameters, committed tokens, stop rules, statistics."""
 
-    def __init__(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams, max_block_size: int):
+    def __init__(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams, max_block_size: int,
+                 verify_slots: int | None = None):
+        """verify_slots: KV slots one verify step may write (default max_block_size; a tree writes budget + 1)."""
         if not prompt:
             raise DFlashError(f"prompt {request_id} is empty")
         self.request_id, self.prompt, self.params = request_id, list(prompt), params
@@ -33,7 +35,8 @@ class Request:
         # (DFlash2 at T > 0); created on first use, seeded from the request's stream.
         self._generator: torch.Generator | None = None
         self.result = GenerationResult(token_ids=[], finish_reason="", block_size=max_block_size)
-        self.reserved_tokens = len(self.prompt) + params.max_new_tokens + max_block_size  # KV slots at most
+        self.verify_slots = max(max_block_size, verify_slots or 0)
+        self.reserved_tokens = len(self.prompt) + params.max_new_tokens + self.verify_slots  # KV slots at most
         self.decode_start = 0.0
 
     @property

@@ -62,7 +62,7 @@ def decode_step(target: Target, drafter, batch: RunningBatch, block_size: int, l
     drafted = drafter is not None and width > 1
     proposal = None
     if drafted:
-        block, proposal = draft_block(target, drafter, batch, width, block_lens)
+        block, proposal = draft_block(target, drafter, batch, width, block_lens, method.draft_top_k)
     else:
         block = batch.last_token[:, None].clone()
         if drafter is not None and batch.features is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
@@ -77,9 +77,10 @@ def decode_step(target: Target, drafter, batch: RunningBatch, block_size: int, l
 
 @torch.inference_mode()
 def draft_block(target: Target, drafter, batch: RunningBatch, block_size: int,
-                block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Proposal]:
+                block_lens: torch.Tensor | None = None, top_k: int = 0) -> tuple[torch.Tensor, Proposal]:
     """Block [B, S] = [last committed token, S - 1 drafts] (slot k predicts position next_pos + k), and the
-    drafter's proposal (drafts, and for a drafter that samples them its candidates and q)."""
+    drafter's proposal (drafts, and for a drafter that samples them its candidates and q; with top_k > 0 each
+    slot's top-K candidates, for a tree)."""
     block = torch.full((len(batch), block_size), drafter.config.mask_token_id, dtype=torch.long,
                        device=batch.last_token.device)
     block[:, 0] = batch.last_token
@@ -87,7 +88,7 @@ def draft_block(target: Target, drafter, batch: RunningBatch, block_size: int,
         block_lens = torch.full((len(batch),), block_size, dtype=torch.long, device=block.device)
     sampling = [(r.params.temperature, r.generator) for r in batch.requests]
     proposal = acceptance.propose(drafter, target, block, batch.features, batch.ctx_lens, batch.draft_cache,
-                                  block_lens, sampling)
+                                  block_lens, sampling, top_k)
     block[:, 1:] = proposal.drafts
     if not torch.equal(batch.draft_cache.lens, batch.next_pos):
         raise RuntimeError("draft cache out of step with the committed context")  # internal invariant

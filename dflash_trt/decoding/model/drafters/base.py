@@ -97,6 +97,8 @@ class DrafterBase(nn.Module):
     samples_drafts = False
     # Any block size can be drafted (an exported graph has one fixed size).
     static_block_size = None
+    # propose(..., top_k=K) gives each slot's top-K candidates (tree verification); a family may say no.
+    proposes_top_k = True
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -151,19 +153,22 @@ class DrafterBase(nn.Module):
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
                 cache: ContextCache, block_lens: torch.Tensor | None = None,
-                sampling: Sequence[RowSampling] | None = None) -> Proposal:
+                sampling: Sequence[RowSampling] | None = None, top_k: int = 0) -> Proposal:
         """Draft tokens for block slots 1..S-1 of block [B,S] = [last committed token, MASK...].
 
         Slot k predicts position start + k. The target lends its embedding and output head. Returns a Proposal:
         the drafts, and for a family that draws them the candidates and q they were drawn from
-        (protocols.Drafter; every runtime's drafter provides the same).
+        (protocols.Drafter; every runtime's drafter provides the same). top_k > 0 adds each slot's top-K
+        candidates for tree verification.
         """
         hidden = self(self.embed_block(target, block), features, ctx_lens, cache, block_lens)
-        return self.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens)
+        return self.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens, top_k)
 
     def choose_drafts(self, target, hidden: torch.Tensor, anchors: torch.Tensor,
-                      sampling: Sequence[RowSampling] | None, block_lens: torch.Tensor | None) -> Proposal:
-        """Drafts for slots 1..S-1 from their final states hidden [B,S-1,D]; slots >= block_lens are padding."""
+                      sampling: Sequence[RowSampling] | None, block_lens: torch.Tensor | None,
+                      top_k: int = 0) -> Proposal:
+        """Drafts for slots 1..S-1 from their final states hidden [B,S-1,D]; slots >= block_lens are padding.
+        top_k > 0: also each slot's top-K candidates (Proposal.topk_ids, topk_logprobs or children)."""
         raise NotImplementedError
 
     def init_as_dflash(self) -> None:
@@ -178,6 +183,17 @@ class DrafterBase(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def ranked_top_k(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, logprobs) of the k best entries of the last axis, best first, exact ties by ascending id: the same
+    order as argmax (first maximum), so rank 0 is always the chain's draft and the tree is deterministic."""
+    k = min(k, logprobs.shape[-1])
+    values, ids = torch.topk(logprobs, k, dim=-1)
+    ids, order = ids.sort(dim=-1)
+    values = values.gather(-1, order)
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    return ids.gather(-1, order), values
 
 
 def layer_shapes(config: DrafterConfig, index: int) -> dict[str, tuple[int, ...]]:

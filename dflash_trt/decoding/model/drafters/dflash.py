@@ -7,7 +7,7 @@ from torch import nn
 
 from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.drafters.base import (MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes,
-                                                     layer_shapes)
+                                                     layer_shapes, ranked_top_k)
 from dflash_trt.decoding.model.drafters.registry import register
 from dflash_trt.decoding.model.protocols import Proposal
 
@@ -38,9 +38,16 @@ class DFlashDrafter(DrafterBase):
     layer_class = DraftLayer
     family = "dflash"
 
-    def choose_drafts(self, target, hidden, anchors, sampling, block_lens) -> Proposal:
+    def choose_drafts(self, target, hidden, anchors, sampling, block_lens, top_k: int = 0) -> Proposal:
         # A one-hot draft: verification accepts on exact match with the target's own choice (lossless).
-        return Proposal(torch.argmax(self.draft_logits(target, hidden), dim=-1))
+        logits = self.draft_logits(target, hidden)
+        drafts = torch.argmax(logits, dim=-1)
+        if top_k <= 0:
+            return Proposal(drafts)
+        # A tree: each slot's marginal top-K (slot j does not see slot j-1's pick, so one ranking per slot). Ranked
+        # on the logits themselves, so rank 0 is exactly the argmax draft.
+        ids, _ = ranked_top_k(logits, top_k)
+        return Proposal(drafts, topk_ids=ids, topk_logprobs=torch.log_softmax(logits, dim=-1).gather(-1, ids))
 
     @staticmethod
     def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:

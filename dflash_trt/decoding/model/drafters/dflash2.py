@@ -135,6 +135,34 @@ class CandidateSelector(nn.Module):
             drafts[:, j] = previous
         return Proposal(drafts, candidates, q)
 
+    def lattice(self, hidden: torch.Tensor, logits: torch.Tensor, top_k: int):
+        """children(row, slot, parent_token) -> (ids, logprobs) for tree verification: slot `slot`'s candidates
+        scored as the walk scores them after `parent_token` (unary + transition), best first, at most top_k.
+
+        In a tree each node is the previous token of its own children, so every parent gets its own ranking;
+        rank 0 after the chain's tokens is the chain's greedy draft (the same argmax, ties to the earlier
+        candidate), so the tree's greedy spine is DFlash2's chain. Rankings are computed on demand (a tree of B
+        nodes asks for at most B of them) and remembered.
+        """
+        unary, candidates = self.candidates(logits)
+        projected = self.hidden_projection(hidden)
+        k = min(top_k, candidates.shape[-1])
+        known: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
+
+        def children(row: int, slot: int, parent_token: int) -> tuple[list[int], list[float]]:
+            key = (row, slot, parent_token)
+            if key not in known:
+                previous = torch.tensor([parent_token], device=candidates.device)
+                slot_candidates = candidates[row:row + 1, slot]
+                scores = (unary[row:row + 1, slot]
+                          + self.transition(previous, projected[row:row + 1, slot], slot_candidates)).float()[0]
+                order = torch.sort(scores, descending=True, stable=True).indices[:k]
+                logprobs = torch.log_softmax(scores, dim=-1)[order]
+                known[key] = (slot_candidates[0, order].tolist(), logprobs.tolist())
+            return known[key]
+
+        return children
+
 
 @register
 class DFlash2Drafter(DrafterBase):
@@ -148,9 +176,12 @@ class DFlash2Drafter(DrafterBase):
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config)
 
-    def choose_drafts(self, target, hidden, anchors, sampling, block_lens) -> Proposal:
-        return self.candidate_selector.walk(hidden, self.draft_logits(target, hidden), anchors, sampling,
-                                            block_lens)
+    def choose_drafts(self, target, hidden, anchors, sampling, block_lens, top_k: int = 0) -> Proposal:
+        logits = self.draft_logits(target, hidden)
+        proposal = self.candidate_selector.walk(hidden, logits, anchors, sampling, block_lens)
+        if top_k > 0:  # a tree: the selector's lattice ranks each node's own children
+            proposal.children = self.candidate_selector.lattice(hidden, logits, top_k)
+        return proposal
 
     def init_as_dflash(self) -> None:
         """Identity convolutions and a zero successor codebook: the drafter then behaves like DFlash.

@@ -37,6 +37,7 @@ class ExportedDrafter:
     `__call__(block_embeds, features, ctx_lens, cache) -> hidden [B,S,D]` and set `head`."""
 
     head: DrafterBase
+    proposes_top_k = False  # a tree needs the per-slot top-K, which this host path does not produce yet
 
     @property
     def config(self):

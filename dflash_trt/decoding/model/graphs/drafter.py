@@ -215,6 +215,7 @@ class GraphedDrafter:
     block width) on CUDA (module docstring). It implements protocols.Drafter."""
 
     static_block_size = None  # one graph per block width: any size drafts
+    proposes_top_k = False  # its static buffers serve the chain only (the static verify runs no tree)
 
     def __init__(self, drafter, graphs: bool | None = None):
         self.drafter = drafter

@@ -53,6 +53,8 @@ def capture_blockers(model) -> list[str]:
 class GraphedVerifier(TargetModel):
     """A TargetModel whose decoding forwards run static-shape, replaying one CUDA graph per bucket on CUDA."""
 
+    takes_explicit_masks = False  # StaticKVCache runs chains only
+
     def __init__(self, target: TargetModel, graphs: bool | None = None):
         super().__init__(target.model, target.tokenizer, target.source)
         self._draft_head = target._draft_head

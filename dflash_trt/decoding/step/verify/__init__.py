@@ -5,22 +5,39 @@ A method is one file here behind the `VerifyMethod` protocol, registered in METH
   tokens, positions, and which of the new slots each new slot attends to (None: causal, a chain);
 - `accept` reads the target's logits over that input and decides, per row, how many drafts are accepted, the
   target's bonus token after them, and which new slots the KV cache keeps (None: a prefix of the slots).
+A method also says how many candidates per slot it needs from the drafter (`draft_top_k`), how many KV slots a
+verify may write (`verify_slots`), and refuses a target or drafter it cannot run (`check`).
 The step (step.py) runs the forward and commits; the KV caches take the mask and keep arbitrary slots
-(model/kv_cache.py: prepare(..., block_mask) and keep). The chain (chain.py) is the DFlash paper's method.
+(model/kv_cache.py: prepare(..., block_mask) and keep). The chain (chain.py) is the DFlash paper's method; the
+tree (tree.py) verifies the drafter's B most probable continuations in one forward.
 """
 
 from __future__ import annotations
 
 from dflash_trt.decoding.step.verify.base import Accepted, VerifyInput, VerifyMethod
 from dflash_trt.decoding.step.verify.chain import ChainVerify
+from dflash_trt.decoding.step.verify.tree import TreeVerify
 
-__all__ = ["Accepted", "ChainVerify", "METHODS", "VerifyInput", "VerifyMethod", "verify_method"]
+__all__ = ["Accepted", "ChainVerify", "METHODS", "TreeVerify", "VerifyInput", "VerifyMethod", "tree_or_chain",
+           "verify_method"]
 
 # name -> class; a new method is one file and one row here.
-METHODS: dict[str, type] = {"chain": ChainVerify}
+METHODS: dict[str, type] = {"chain": ChainVerify, "tree": TreeVerify}
 
 
-def verify_method(name: str) -> VerifyMethod:
+def verify_method(name: str, **settings) -> VerifyMethod:
+    """The method `name` built with `settings` (TreeVerify: budget, top_k)."""
     if name not in METHODS:
         raise ValueError(f"unknown verification method {name!r} (known: {', '.join(sorted(METHODS))})")
-    return METHODS[name]()
+    return METHODS[name](**settings)
+
+
+def tree_or_chain(tree_budget: int = 0, tree_top_k: int | None = None) -> VerifyMethod:
+    """What --tree-budget B [--tree-top-k K] means: the chain for B = 0, else a tree of B nodes."""
+    if tree_budget < 0:
+        raise ValueError(f"tree budget must be >= 0 (0 means the chain), got {tree_budget}")
+    if tree_budget == 0:
+        if tree_top_k is not None:
+            raise ValueError("--tree-top-k needs --tree-budget B > 0")
+        return ChainVerify()
+    return TreeVerify(tree_budget, tree_top_k)

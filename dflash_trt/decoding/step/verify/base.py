@@ -41,6 +41,13 @@ class VerifyMethod(Protocol):
     """A verification method (module docstring)."""
 
     name: str
+    draft_top_k: int  # candidates per slot the drafter must propose (0: drafts only)
+
+    def verify_slots(self, block_size: int) -> int:
+        """New KV slots a row may write in one verify forward of a step of `block_size` (for reservations)."""
+
+    def check(self, target, drafter) -> None:
+        """Raise a one-line DFlashError when `target` or `drafter` cannot run this method."""
 
     def layout(self, batch, block: torch.Tensor, block_lens: torch.Tensor, proposal: Proposal | None
                ) -> VerifyInput:

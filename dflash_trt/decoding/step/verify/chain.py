@@ -22,6 +22,13 @@ class ChainVerify:
     """Verification of a chain of drafts (module docstring); implements VerifyMethod."""
 
     name = "chain"
+    draft_top_k = 0
+
+    def verify_slots(self, block_size: int) -> int:
+        return block_size
+
+    def check(self, target, drafter) -> None:
+        """Every target and drafter runs a chain."""
 
     def layout(self, batch, block: torch.Tensor, block_lens: torch.Tensor, proposal: Proposal | None
                ) -> VerifyInput:

@@ -27,6 +27,7 @@ class TritonPythonModel:
     Parameters: engine_dir (its manifest names the runtime), max_tokens_limit, max_context_tokens,
     device ("cpu" or "cuda"), num_threads (torch CPU threads, 0 = the usable cores divided among the
     instances), block_size (0 = the engine's, 1 = plain decoding), block_policy ("adaptive" or "fixed"),
+    tree_budget (draft nodes of a tree verify per sequence, 0 = the chain; dflash_trt/decoding/step/verify/tree.py),
     max_batch_sequences, max_kv_tokens, prefill_chunk_tokens (the in-flight batch of each instance;
     see dflash_trt/decoding/scheduler/scheduler.py), canary_tokens (length of the load-time canary generation whose acceptance
     is logged and exported, see dflash_trt/serving/canary.py; 0 = off). Every request Triton hands to one
@@ -58,7 +59,8 @@ class TritonPythonModel:
         )
         runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu", num_threads=num_threads,
                                block_size=triton_io.int_parameter(params, "block_size", 0, name),
-                               block_policy=params.get("block_policy") or "adaptive", limits=scheduler_limits)
+                               block_policy=params.get("block_policy") or "adaptive", limits=scheduler_limits,
+                               tree_budget=triton_io.int_parameter(params, "tree_budget", 0, name))
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
         canary_tokens = triton_io.int_parameter(params, "canary_tokens", canary.DEFAULT_CANARY_TOKENS, name)
         canary.check_at_load(runtime, canary_tokens, self.metrics, pb_utils.Logger)
