@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from dflash_trt.decoding.model.tokens import default_stop_ids
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.step.sampling import SamplingParams, bad_words_ids
 from dflash_trt.engine.speculative_config import add_speculative_config_option, apply_to_args
+from dflash_trt.errors import DFlashError
 
 
 def int_list(text: str) -> list[int]:
@@ -74,11 +74,10 @@ def add_logits_options(parser: argparse.ArgumentParser) -> None:
 def load_pair(args):
     """(TargetModel, drafter or None) from --target/--drafter."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from dflash_trt.decoding.model.drafters import load_drafter
     from dflash_trt.decoding.model.target import load_target
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
     apply_to_args(args)  # --speculative-config sets --drafter and --block-size

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dflash_trt.commands._options import (add_logits_options, add_model_options, int_list, load_pair,
-                                          sampling_params, verify_method)
+from dflash_trt.commands._options import (add_logits_options, add_model_options, int_list, load_pair, sampling_params,
+                                          verify_method)
 from dflash_trt.decoding.model.tokens import encode_prompt
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.commands._options import int_list
 from dflash_trt.benchmarks.config import BenchConfig
+from dflash_trt.commands._options import int_list
 
 
 def register(subparsers) -> None:

@@ -46,10 +46,10 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    from transformers.utils import logging as hf_logging
+
     from dflash_trt.benchmarks.batching_check import run_check
     from dflash_trt.engine.build import ensure_engine
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars are noise between the progress lines
     log = lambda line: print(line, flush=True)  # noqa: E731

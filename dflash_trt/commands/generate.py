@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dflash_trt.commands._options import (add_model_options, add_sampling_options, int_list, load_pair,
-                                          sampling_params, verify_method)
+from dflash_trt.commands._options import (add_model_options, add_sampling_options, int_list, load_pair, sampling_params,
+                                          verify_method)
 from dflash_trt.decoding.model.tokens import decode_tokens, encode_prompt
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from dflash_trt.engine.presets import DEFAULT_PRESET
 from dflash_trt.commands.engine import add_checkpoint_arguments, add_layout_arguments
+from dflash_trt.engine.presets import DEFAULT_PRESET
 
 
 def register(subparsers) -> None:

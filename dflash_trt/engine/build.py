@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.drafters.support import check_runtime
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine import steps
 from dflash_trt.engine.arch import TargetArch, read_target_arch
 from dflash_trt.engine.artifacts import drafter_onnx, trtllm
@@ -24,6 +23,7 @@ from dflash_trt.engine.planner import Plan, format_plan, plan_parallelism
 from dflash_trt.engine.presets import DEFAULT_PRESET, REPO_ROOT, Preset, load_preset, preset_names
 from dflash_trt.engine.quantize import QUANT_STATE_NAME, check_quant, quant_scheme
 from dflash_trt.engine.resolve import ResolvedCheckpoint, resolve_checkpoint, resolve_for_planning
+from dflash_trt.errors import ConfigError
 
 NUM_STEPS = 6
 SINGLE_DEVICE_RUNTIMES = ("torch", "onnx", "tensorrt")

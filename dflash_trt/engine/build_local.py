@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_trt.engine import steps
-from dflash_trt.engine.steps import run_step, unavailable
 from dflash_trt.engine.artifacts import checkpoints, drafter_onnx
 from dflash_trt.engine.needs import StepUnavailable
 from dflash_trt.engine.presets import Preset
 from dflash_trt.engine.quantize import QUANT_STATE_NAME, quantize_target
+from dflash_trt.engine.steps import run_step, unavailable
 
 
 def build_local(preset: Preset, pair, engine_dir: Path, progress: steps.Progress,

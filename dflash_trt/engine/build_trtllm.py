@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 from dflash_trt.engine import steps
-from dflash_trt.engine.steps import run_step, unavailable
 from dflash_trt.engine.artifacts import trtllm
 from dflash_trt.engine.needs import StepUnavailable
 from dflash_trt.engine.presets import Preset
 from dflash_trt.engine.quantize import quantize_target
+from dflash_trt.engine.steps import run_step, unavailable
 
 
 def build_trtllm(preset: Preset, pair, engine_dir: Path, progress: steps.Progress,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.errors import CompatibilityError
 from dflash_trt.engine.arch import TargetArch
+from dflash_trt.errors import CompatibilityError
 
 
 @dataclass

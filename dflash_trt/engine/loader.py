@@ -91,7 +91,8 @@ def _load_models(engine: Engine, device: str) -> None:
         engine.drafter = OnnxDrafter(engine.drafter_onnx, load_draft_head(engine.drafter_path, dtype))
     elif engine.runtime == "tensorrt" and engine.tensorrt_plan is not None and str(device).startswith("cuda"):
         from dflash_trt.decoding.model.exported.head import load_draft_head
-        from dflash_trt.decoding.model.exported.tensorrt import TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
+        from dflash_trt.decoding.model.exported.tensorrt import \
+            TensorRTDrafter  # TensorRT runs on a GPU only: off-GPU, no drafter
 
         engine.drafter = TensorRTDrafter(engine.tensorrt_plan, load_draft_head(engine.drafter_path, dtype, device),
                                          device=device)

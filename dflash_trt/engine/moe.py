@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.presets import Preset
+from dflash_trt.errors import ConfigError
 
 BLACKWELL = ("b200", "b300")
 HOPPER = ("h100", "h200")

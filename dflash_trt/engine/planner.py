@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.errors import DFlashError
 from dflash_trt.engine.arch import TargetArch
-from dflash_trt.engine.weights import DTYPE_BYTES, WeightBytes, drafter_weight_bytes, kv_bytes_per_layer_token, \
-    target_weight_bytes
+from dflash_trt.engine.weights import (DTYPE_BYTES, WeightBytes, drafter_weight_bytes, kv_bytes_per_layer_token,
+                                       target_weight_bytes)
+from dflash_trt.errors import DFlashError
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.artifacts.trtllm_schema import MOE_BACKENDS  # TensorRT-LLM's MoeConfig.backend values
 from dflash_trt.engine.recipes import PROFILES  # NVIDIA's gpt-oss-120b recipe settings; "none" adds nothing
+from dflash_trt.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = REPO_ROOT / "build" / "presets"

@@ -17,9 +17,9 @@ import copy
 from pathlib import Path
 from typing import Callable
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.arch import TargetArch
 from dflash_trt.engine.needs import StepUnavailable, has_cuda
+from dflash_trt.errors import ConfigError
 
 QUANT_STATE_NAME = "quantization/modelopt_state.pth"  # relative to the engine directory
 CALIBRATION_PROMPTS = (
@@ -78,9 +78,8 @@ def export_for_trtllm(quant: str, target_dir: Path, out_dir: Path, dtype: str, l
         raise StepUnavailable("quantize", f"CUDA GPUs (ModelOpt calibrates {quant} for TensorRT-LLM on them)")
     import shutil
 
-    import torch
-
     import modelopt.torch.quantization as mtq
+    import torch
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
@@ -108,10 +107,9 @@ def export_for_trtllm(quant: str, target_dir: Path, out_dir: Path, dtype: str, l
 
 
 def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, log: Callable[[str], None]) -> Path:
-    import torch
-
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
+    import torch
 
     from dflash_trt.decoding.model.target import load_target
 
@@ -139,9 +137,8 @@ def _fake_quantize(quant: str, target_dir: Path, state_path: Path, dtype: str, l
 
 def restore_quantization(model, state_path: Path):
     """Re-apply a saved ModelOpt state to a freshly loaded target model; returns the quantized model."""
-    import torch
-
     import modelopt.torch.opt as mto
+    import torch
 
     state = torch.load(state_path, weights_only=False)  # written by this builder, verified by the manifest
     model = mto.restore_from_modelopt_state(model, state["modelopt_state"])

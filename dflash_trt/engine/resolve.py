@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.engine.presets import REPO_ROOT, SHIPPED_CONFIGS, CheckpointSpec
+from dflash_trt.errors import DFlashError
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 

@@ -6,7 +6,6 @@ import re
 
 from dflash_trt.errors import ConfigError
 
-
 _VERSION = re.compile(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(rc|a|b|dev)(\d*))?")
 _PRE_RANK = {"dev": 0, "a": 1, "b": 2, "rc": 3}
 

@@ -22,9 +22,8 @@ import numpy as np
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.batch_loop import BatchLoop, Job
 from dflash_trt.serving.cancellation import CancelBoard, StepGate
-from dflash_trt.serving.generation import Cancelled, Chunk, ChunkStream, Stats, chunks, until_cancelled
+from dflash_trt.serving.generation import Cancelled, Chunk, ChunkStream, Stats, chunks, sampling_params, until_cancelled
 from dflash_trt.serving.requests import RequestLimits, parse_token_request, request_end_ids
-from dflash_trt.serving.generation import sampling_params
 from dflash_trt.serving.tokenizers import vocabulary_size
 from dflash_trt.serving.triton_io import error_response, read_inputs, response, string_array
 

@@ -13,8 +13,8 @@ def tokenizer_for(engine_dir: str | Path):
 
     Text in and text out need the tokenizer files the target ships: without them this refuses
     rather than inventing a vocabulary."""
-    from dflash_trt.engine import load_engine
     from dflash_trt.decoding.model.target import TOKENIZER_FILES, load_tokenizer
+    from dflash_trt.engine import load_engine
 
     # The dflash model verifies the file hashes; reading the manifest is enough here.
     engine = load_engine(engine_dir, verify=False, load_models=False)

@@ -11,9 +11,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 import helm_python as helm  # helm-python-sdk, the deploy extra
+import yaml
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "dflash-triton"
 KUBE_VERSION = "1.37.0"  # the newest Kubernetes whose schemas kubernetes-validate 1.37.0 ships

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
 from dflash_trt.engine.presets import REPO_ROOT, SHIPPED_CONFIGS, load_preset
-from dflash_trt.decoding.step.sampling import SamplingParams
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 

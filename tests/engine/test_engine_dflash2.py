@@ -6,7 +6,8 @@ import json
 import pytest
 
 from dflash_trt.engine.build import BuildRequest, build_engine
-from dflash_trt.engine.presets import RUNTIMES, SHIPPED_CONFIGS as FIXTURES
+from dflash_trt.engine.presets import RUNTIMES
+from dflash_trt.engine.presets import SHIPPED_CONFIGS as FIXTURES
 from dflash_trt.errors import ConfigError
 
 
@@ -46,9 +47,9 @@ def test_an_onnx_engine_of_a_dflash2_drafter_drafts_and_samples_like_torch(tiny_
     import torch
 
     from dflash_trt.decoding.api import generate
-    from dflash_trt.engine.loader import load_engine
-    from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.decoding.model.target import load_target
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.engine.loader import load_engine
     from dflash_trt.testing import make_tiny_drafter
 
     drafter_dir = tmp_path / "dflash2"

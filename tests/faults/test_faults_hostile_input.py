@@ -9,9 +9,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from faults_harness import Served
 
 from dflash_trt.serving.client import GrpcStream, RequestFailed, generate
-from faults_harness import Served
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import signal
 import time
 
 import pytest
+from faults_harness import Served, group_members, start_streams, wait_for
 
 from dflash_trt.serving import model_processes as procs
 from dflash_trt.serving.client import generate
-from faults_harness import Served, group_members, start_streams, wait_for
 
 pytestmark = pytest.mark.slow
 

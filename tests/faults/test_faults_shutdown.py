@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from faults_harness import Served, group_members, start_streams, wait_for
 
 from dflash_trt.serving import model_processes as procs
-from faults_harness import Served, group_members, start_streams, wait_for
 
 pytestmark = pytest.mark.slow
 

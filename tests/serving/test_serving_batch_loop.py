@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dflash_trt.decoding.api import generate
-from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
+from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.serving.cancellation import CancelBoard
 from dflash_trt.serving.dflash_service import DFlashService
 from dflash_trt.serving.metrics import DFlashMetrics

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_trt.benchmarks.in_process import PromptRecord
 from dflash_trt.benchmarks.batching_check import (CheckRequest, Expected, Served, compare, first_difference,
                                                   make_requests)
+from dflash_trt.benchmarks.in_process import PromptRecord
 from dflash_trt.cli import main
 from dflash_trt.serving.detokenize import decode
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_waits import is_healthy, post
 from tritonclient.utils import InferenceServerException
 
 from dflash_trt.serving.client import GrpcStream, RequestFailed, grpc_inputs
-from triton_waits import is_healthy, post
 
 pytestmark = pytest.mark.slow
 

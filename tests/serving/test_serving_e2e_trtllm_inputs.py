@@ -13,14 +13,14 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_waits import is_healthy, post
 
 from dflash_trt.decoding.api import generate as decode
 from dflash_trt.serving.client import RequestFailed, generate
 from dflash_trt.serving.detokenize import decode as detokenize
-from dflash_trt.serving.requests import GenerationRequest
 from dflash_trt.serving.generation import sampling_params
+from dflash_trt.serving.requests import GenerationRequest
 from dflash_trt.serving.runtime import open_runtime
-from triton_waits import is_healthy, post
 
 pytestmark = pytest.mark.slow
 

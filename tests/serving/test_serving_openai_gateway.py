@@ -7,15 +7,14 @@ to add nothing and lose nothing; errors, stop strings, streaming and client disc
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
-import socket
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-
 from triton_waits import metric_total, steps_until_idle, wait_for
 
 pytestmark = pytest.mark.slow

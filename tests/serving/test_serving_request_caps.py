@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from dflash_trt.serving.preprocess import Preprocessor
-from dflash_trt.serving.requests import (
-    BYTES_PER_TOKEN_BOUND, MAX_WORD_BYTES, MAX_WORDS, InvalidRequest, RequestLimits, check_parameters,
-    parse_request, parse_token_request)
+from dflash_trt.serving.requests import (BYTES_PER_TOKEN_BOUND, MAX_WORD_BYTES, MAX_WORDS, InvalidRequest,
+                                         RequestLimits, check_parameters, parse_request, parse_token_request)
 from dflash_trt.serving.triton_io import request_parameters
 
 LIMITS = RequestLimits(max_tokens=64, max_context_tokens=128)

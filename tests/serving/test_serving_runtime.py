@@ -58,9 +58,9 @@ def test_an_engine_without_tokenizer_serves_token_ids_and_refuses_text_clearly(t
     default end ids come from the model's configs (none here), its vocabulary from the embedding."""
     import yaml
 
+    from dflash_trt.decoding.model.target import has_tokenizer
     from dflash_trt.engine.build import BuildRequest, build_engine
     from dflash_trt.serving.tokenizers import tokenizer_for, vocabulary_size
-    from dflash_trt.decoding.model.target import has_tokenizer
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
     target = make_tiny_target("qwen3", tmp_path / "target", vocab_size=16, seed=2)
@@ -94,11 +94,11 @@ def test_cuda_graphs_are_refused_off_cuda_with_what_they_need(tiny_engine, monke
 
 def test_cuda_graphs_wrap_the_target_and_a_pytorch_drafter(tiny_engine):
     """What open_runtime does on a CUDA device with CUDA graphs on (the pair built here on CPU: nothing runs)."""
-    from dflash_trt.errors import CompatibilityError
     from dflash_trt.decoding.model.graphs.drafter import GraphedDrafter
     from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
-    from dflash_trt.serving.runtime import graphed_pair
     from dflash_trt.decoding.model.target import TargetModel
+    from dflash_trt.errors import CompatibilityError
+    from dflash_trt.serving.runtime import graphed_pair
     from dflash_trt.testing import make_tiny_drafter, make_tiny_target
 
     model = make_tiny_target("qwen3", hidden_size=256)  # head_dim 64: the CUDA kernels' size

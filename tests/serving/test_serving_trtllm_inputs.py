@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.decoding.step.sampling import bad_words_ids
-from dflash_trt.serving.requests import INPUTS, InvalidRequest, RequestLimits, parse_request, parse_token_request
+from dflash_trt.errors import DFlashError
 from dflash_trt.serving.generation import sampling_params
+from dflash_trt.serving.requests import INPUTS, InvalidRequest, RequestLimits, parse_request, parse_token_request
 from dflash_trt.serving.trtllm_inputs import COMPAT_INPUTS
 
 LIMITS = RequestLimits(max_tokens=64, max_context_tokens=128)

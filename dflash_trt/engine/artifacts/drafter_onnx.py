@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.errors import DFlashError
 from dflash_trt.engine.needs import StepUnavailable, trtexec_path
+from dflash_trt.errors import DFlashError
 
 ONNX_NAME = "drafter.onnx"
 PLAN_NAME = "drafter.plan"

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_trt.decoding.model.config import DrafterConfig
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.arch import TargetArch
-from dflash_trt.engine.needs import StepUnavailable, has_module
+from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
 from dflash_trt.engine.moe import BLACKWELL, HOPPER, resolve_moe
+from dflash_trt.engine.needs import StepUnavailable, has_module
 from dflash_trt.engine.presets import Preset
 from dflash_trt.engine.recipes import apply_profile, profile_sources
-from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION, TRTLLM_SOURCE, TRTLLM_VERSION, schema_problems
+from dflash_trt.errors import ConfigError
 
 OPTIONS_NAME = "trtllm/llm_api_options.yaml"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.engine.artifacts.trtllm_schema import MIN_TRTLLM_VERSION
+from dflash_trt.errors import ConfigError
 
 
 def llm_kwargs(options: dict[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 `TensorRTDrafter` implements protocols.Drafter like `OnnxDrafter`, with the drafter's host part (exported.head)
 in torch on the same device. The cache is a ContextCache of tensors on the device; the plugin's cache outputs are
-bound to the same memory as its cache inputs, so with aliased plugin I/O (trtexec --preview=+aliasedPluginIO1003, which the engine builder
-passes) a call updates them in place and copies nothing. It runs on torch's current stream with execute_async_v3.
+bound to the same memory as its cache inputs, so with aliased plugin I/O (trtexec
+--preview=+aliasedPluginIO1003, which the engine builder passes) a call updates them in place and copies nothing.
+It runs on torch's current stream with execute_async_v3.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dflash_trt.serving import canary, dflash_service, requests, triton_io
-from dflash_trt.serving.metrics import DFlashMetrics
 from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
+from dflash_trt.serving import canary, dflash_service, requests, triton_io
 from dflash_trt.serving.cpus import default_num_threads
+from dflash_trt.serving.metrics import DFlashMetrics
 from dflash_trt.serving.runtime import open_runtime
 
 
