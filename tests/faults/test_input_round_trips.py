@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -34,25 +33,8 @@ GATE_POLL_S = 0.02
 # --- the server: a tiny random Llama with SmolLM2's tokenizer, one sequence at a time, a queue of one ---------
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, pytestconfig) -> Path:
-    from transformers import AutoTokenizer
-
-    from dflash_trt.commands.demo import demo_target_path
-    from dflash_trt.engine.build import BuildRequest, build_engine
-    from dflash_trt.testing import make_tiny_drafter, make_tiny_target
-
-    tokenizer_dir = Path(pytestconfig.cache.mkdir("serving-smollm2-tokenizer"))  # shared with tests/serving
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        gguf = demo_target_path()
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(tokenizer_dir))
-    root = tmp_path_factory.mktemp("input-faults-engine")
-    target = make_tiny_target("llama", root / "target", vocab_size=49152)
-    for item in tokenizer_dir.iterdir():
-        shutil.copy(item, root / "target" / item.name)
-    make_tiny_drafter(target.config, root / "drafter", block_size=8)
-    build_engine(BuildRequest(model="smollm2-135m", target=root / "target", drafter=root / "drafter",
-                              out=root / "engine"), log=lambda _line: None)
-    return root / "engine"
+def engine(tiny_engine) -> Path:
+    return tiny_engine  # tests/conftest.py: a tiny random Llama with SmolLM2's tokenizer
 
 
 @pytest.fixture(scope="module")
