@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from dflash_trt.serving.requests import RequestLimits
+
 
 def read_inputs(pb, request, names: Iterable[str]) -> dict[str, np.ndarray]:
     """The inputs of `request` among `names` that the client sent, as numpy arrays."""
@@ -59,6 +61,17 @@ def int_parameter(params: dict[str, str], name: str, default: int, model: str) -
         return int(value)
     except ValueError:
         raise ValueError(f"model '{model}': parameter {name}={value!r} is not an integer") from None
+
+
+def request_limits(params: dict[str, str], model: str) -> RequestLimits:
+    """The RequestLimits a model config's parameters set (max_tokens_limit, max_context_tokens,
+    max_prompt_bytes); a parameter the config lacks keeps RequestLimits' default."""
+    defaults = RequestLimits()
+    return RequestLimits(
+        max_tokens=int_parameter(params, "max_tokens_limit", defaults.max_tokens, model),
+        max_context_tokens=int_parameter(params, "max_context_tokens", defaults.max_context_tokens, model),
+        max_prompt_bytes=int_parameter(params, "max_prompt_bytes", defaults.max_prompt_bytes, model),
+    )
 
 
 def require_decoupled(model_config: dict, model: str) -> None:

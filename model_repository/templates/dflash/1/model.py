@@ -3,7 +3,7 @@
 import triton_python_backend_utils as pb_utils
 
 from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
-from dflash_trt.serving import canary, dflash_service, requests, triton_io
+from dflash_trt.serving import canary, dflash_service, triton_io
 from dflash_trt.serving.cpus import default_num_threads
 from dflash_trt.serving.metrics import DFlashMetrics
 from dflash_trt.serving.runtime import open_runtime
@@ -41,11 +41,7 @@ class TritonPythonModel:
         triton_io.require_decoupled(config, name)
         triton_io.check_tensors(config, name, dflash_service.INPUTS, dflash_service.OUTPUTS)
         params = triton_io.model_parameters(config)
-        defaults = requests.RequestLimits()
-        limits = requests.RequestLimits(
-            max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
-            max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
-        )
+        limits = triton_io.request_limits(params, name)
         num_threads = triton_io.int_parameter(params, "num_threads", 0, name)
         if num_threads <= 0 and (params.get("device") or "cpu") == "cpu":
             num_threads = default_num_threads(triton_io.instance_count(config))

@@ -35,12 +35,7 @@ class TritonPythonModel:
         triton_io.check_tensors(config, name, {**{k: v[1] for k, v in requests.TEXT_INPUTS.items()},
                                                **trtllm_inputs.TRTLLM_STEP_INPUTS}, {"input_ids": "TYPE_INT32"})
         params = triton_io.model_parameters(config)
-        defaults = requests.RequestLimits()
-        limits = requests.RequestLimits(
-            max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
-            max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
-            max_prompt_bytes=triton_io.int_parameter(params, "max_prompt_bytes", defaults.max_prompt_bytes, name),
-        )
+        limits = triton_io.request_limits(params, name)
         tokenizer, _ = tokenizer_for(params["engine_dir"])
         self.preprocessor = Preprocessor(tokenizer, limits, params.get("chat_template") or "none")
         self.limits = limits

@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dflash_trt.serving import llmapi, requests, triton_io
+from dflash_trt.serving import llmapi, triton_io
 from dflash_trt.serving.llmapi_service import LlmApiService
 from dflash_trt.serving.preprocess import Preprocessor
 from dflash_trt.serving.tokenizers import tokenizer_for
@@ -31,11 +31,7 @@ class TritonPythonModel:
         name = args["model_name"]
         triton_io.check_tensors(config, name, llmapi.INPUTS, llmapi.OUTPUTS)
         params = triton_io.model_parameters(config)
-        defaults = requests.RequestLimits()
-        limits = requests.RequestLimits(
-            max_tokens=triton_io.int_parameter(params, "max_tokens_limit", defaults.max_tokens, name),
-            max_context_tokens=triton_io.int_parameter(params, "max_context_tokens", defaults.max_context_tokens, name),
-        )
+        limits = triton_io.request_limits(params, name)
         tokenizer, _ = tokenizer_for(params["engine_dir"])
         preprocessor = Preprocessor(tokenizer, limits, params.get("chat_template") or "none")
         decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
