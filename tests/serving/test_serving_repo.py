@@ -93,6 +93,15 @@ def test_parameters_come_from_the_options_and_the_engine(repo, tiny_engine):
     assert chat == template.read_text()  # quotes, backslashes and newlines survive the escaping
 
 
+def test_both_text_entries_refuse_prompts_by_the_same_byte_limit(tiny_engine, tmp_path):
+    from dflash_trt.serving.triton_io import request_limits
+
+    out = render_repository(RepoConfig(tiny_engine, tmp_path, max_prompt_bytes=1234))
+    for model in ("preprocessing", "tensorrt_llm"):
+        params = {k: v.string_value for k, v in load_config(out / model / "config.pbtxt").parameters.items()}
+        assert request_limits(params, model).prompt_bytes_limit == 1234, model
+
+
 def test_rejects_a_chat_template_that_is_neither_a_keyword_nor_a_file(tiny_engine, tmp_path):
     with pytest.raises(DFlashError, match="expected 'none', 'model' or a Jinja file"):
         render_repository(RepoConfig(tiny_engine, tmp_path, chat_template="chatml"))
