@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.scheduler.block_policy import make_policy
 from dflash_trt.decoding.step.results import GenerationResult
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.step.verify import TreeVerify
@@ -29,7 +30,9 @@ class PromptRecord:
 @dataclass
 class BenchReport:
     block_size: int
-    tree_budget: int = 0  # draft nodes per row of a tree verify (0: the chain)
+    tree_budget: int = 0  # draft nodes per row of a tree verify (0: the chain; with the adaptive policy: the cap)
+    block_policy: str = "fixed"  # "adaptive": one AdaptiveBlockSize chose every DFlash step (plain, chain or tree)
+    plans: dict[str, int] = field(default_factory=dict)  # adaptive: steps per plan, e.g. {"chain 8": 90, "tree 16": 9}
     dflash: list[GenerationResult] = field(default_factory=list)
     baseline: list[GenerationResult] = field(default_factory=list)
 
@@ -56,6 +59,8 @@ class BenchReport:
         return {
             "block_size": self.block_size,
             "tree_budget": self.tree_budget,
+            "block_policy": self.block_policy,
+            "plans": self.plans,
             "num_prompts": len(self.dflash),
             "tau": self.tau,
             "speedup": self.speedup,
@@ -95,14 +100,18 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
 
 
 def run_benchmark(target, drafter, prompts: list[list[int]], params: SamplingParams, block_size: int | None = None,
-                  progress=None, method=None) -> BenchReport:
+                  progress=None, method=None, block_policy: str = "fixed") -> BenchReport:
     """Run every prompt with DFlash and with block_size 1, alternating which goes first. method: how DFlash
-    verifies its drafts (default the chain; a TreeVerify for a tree)."""
+    verifies its drafts (default the chain; a TreeVerify for a tree); block_policy "adaptive": one adaptive
+    policy, shared by all prompts as a server's is, chooses every DFlash step (plain, a chain, or a tree up to
+    the method's budget) instead of pinning block_size and the method."""
     block_size = block_size or drafter.config.block_size
-    report = BenchReport(block_size=block_size, tree_budget=method.budget if isinstance(method, TreeVerify) else 0)
+    tree_budget = method.budget if isinstance(method, TreeVerify) else 0
+    report = BenchReport(block_size=block_size, tree_budget=tree_budget, block_policy=block_policy)
+    policy = make_policy(block_policy, block_size, None, tree_budget) if block_policy == "adaptive" else None
     # Warm-up: the first forward of a process pays for allocations and kernel selection.
     warmup = SamplingParams(max_new_tokens=min(8, params.max_new_tokens))
-    generate(target, drafter, [prompts[0]], warmup, block_size=block_size, method=method)
+    generate(target, drafter, [prompts[0]], warmup, block_size=block_size, method=method, policy=policy)
     generate(target, None, [prompts[0]], warmup, block_size=1)
     for index, prompt in enumerate(prompts):
         runs = [("dflash", block_size), ("baseline", 1)]
@@ -110,8 +119,17 @@ def run_benchmark(target, drafter, prompts: list[list[int]], params: SamplingPar
             runs.reverse()
         for mode, size in runs:
             result = generate(target, drafter if size > 1 else None, [prompt], params, block_size=size,
-                              method=method if size > 1 else None)[0]
+                              method=method if size > 1 else None, policy=policy if size > 1 else None)[0]
             getattr(report, mode).append(result)
         if progress is not None:
             progress(index + 1, len(prompts), report)
+    if policy is not None:
+        report.plans = {_plan_name(plan): count for plan, count in sorted(
+            policy.steps_run.items(), key=lambda item: (item[0].verified_tokens, item[0].tree_budget or 0))}
     return report
+
+
+def _plan_name(plan) -> str:
+    if plan.block_size == 1:
+        return "plain"
+    return f"tree {plan.tree_budget}" if plan.tree_budget else f"chain {plan.block_size}"

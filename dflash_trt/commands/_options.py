@@ -38,10 +38,7 @@ def verify_method(args):
     """The verification method of --tree-budget / --tree-top-k (a one-line error for bad values)."""
     from dflash_trt.decoding.step.verify import tree_or_chain
 
-    try:
-        return tree_or_chain(args.tree_budget, args.tree_top_k)
-    except ValueError as error:
-        raise DFlashError(str(error)) from None
+    return tree_or_chain(args.tree_budget, args.tree_top_k)
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

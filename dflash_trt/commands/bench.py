@@ -20,6 +20,10 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--stop-ids", type=int_list, help="stop token ids (default: the target's EOS)")
     add_logits_options(parser)  # decoding stays greedy, so DFlash and block size 1 must still agree
+    parser.add_argument("--block-policy", choices=("fixed", "adaptive"), default="fixed",
+                        help="fixed (default): every DFlash step verifies --block-size (a tree of --tree-budget "
+                             "nodes if given); adaptive: the serving policy chooses each step (plain, a chain, or "
+                             "a tree of up to --tree-budget nodes) from measured step costs and acceptance")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run, temperature=0.0, top_k=0, top_p=1.0, seed=None)
 
@@ -38,14 +42,17 @@ def run(args) -> int:
         print(f"\r[{done}/{total}] tau {report.tau:.2f}", end="", file=sys.stderr, flush=True)
 
     report = run_benchmark(target, drafter, prompts, sampling_params(args, target), args.block_size, progress,
-                           verify_method(args))
+                           verify_method(args), args.block_policy)
     print(file=sys.stderr)
     summary = report.to_dict()
     if args.json:
         print(json.dumps(summary))
     else:
         tree = f", tree of {summary['tree_budget']} nodes" if summary["tree_budget"] else ""
-        print(f"prompts {summary['num_prompts']}, block size {summary['block_size']}{tree}")
+        print(f"prompts {summary['num_prompts']}, block size {summary['block_size']}{tree}, "
+              f"{summary['block_policy']} policy")
+        if summary["plans"]:
+            print("steps per plan: " + "  ".join(f"{name}: {n}" for name, n in summary["plans"].items()))
         print(f"tau {summary['tau']:.2f}   speedup {summary['speedup']:.2f}x   "
               f"TPOT {summary['tpot_ms']['dflash']:.1f} ms vs {summary['tpot_ms']['baseline']:.1f} ms   "
               f"identical outputs: {'yes' if summary['identical'] else 'NO'}")

@@ -13,6 +13,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
@@ -68,9 +69,10 @@ class RepoConfig:
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_prompt_bytes", "queue_timeout_us", "num_threads", "block_size", "max_kv_tokens",
-                     "canary_tokens", "tree_budget"):
+                     "canary_tokens"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_tree_budget(self.tree_budget)
 
 
 def engine_limits(engine) -> tuple[int, int]:

@@ -55,7 +55,8 @@ class LocalRuntime:
         from dflash_trt.decoding.scheduler.scheduler import Scheduler, allowed_block_sizes
 
         drafter = self.drafter if self.block_size > 1 else None
-        policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size))
+        policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size),
+                             self.tree_budget if drafter is not None else 0)
         return Scheduler(self.target, drafter, self.block_size, self.limits, policy, self.verify_method())
 
     @property
@@ -87,10 +88,10 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     environment (CUDA_GRAPHS_ENV=1: on). tree_budget B > 0 verifies a tree of B draft nodes per row instead of the
     chain (torch drafters on the eager path; refused at load elsewhere, in one line).
     """
-    if tree_budget < 0:
-        raise DFlashError(f"{engine_dir}: tree_budget must be >= 0 (0 means the chain), got {tree_budget}")
+    from dflash_trt.decoding.step.tree_budget import check_tree_budget
     from dflash_trt.engine import load_engine
 
+    check_tree_budget(tree_budget)
     if num_threads > 0:
         import torch
 

@@ -7,6 +7,7 @@ import torch
 from conftest import MAX_NEW_TOKENS
 
 from dflash_trt.decoding.model.graphs.drafter import StaticDraftCache
+from dflash_trt.decoding.scheduler.block_policy import StepPlan
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.step import step as decoding
 from dflash_trt.decoding.step.sampling import SamplingParams
@@ -26,13 +27,14 @@ class CyclingBlockSize:
     """A block-size policy that takes BLOCK_SIZES in turn (deterministic, unlike the adaptive one's timings)."""
 
     max_block_size = 8
+    tree_budgets: list[int] = []
 
     def __init__(self):
         self.calls = 0
 
-    def choose(self, batch_size: int) -> int:
+    def choose(self, batch_size: int) -> StepPlan:
         self.calls += 1
-        return BLOCK_SIZES[(self.calls - 1) % len(BLOCK_SIZES)]
+        return StepPlan(BLOCK_SIZES[(self.calls - 1) % len(BLOCK_SIZES)])
 
     def observe(self, *args) -> None:
         pass

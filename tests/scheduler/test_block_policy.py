@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from dflash_trt.decoding.scheduler.block_policy import (AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize,
-                                                        StepCosts, make_policy)
+from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize,
+                                                        StepCosts, StepPlan, make_policy)
 from dflash_trt.errors import DFlashError
 
 MAX_BLOCK = 8
@@ -26,10 +26,12 @@ def _accepted(rate: float, block_size: int, rows: int, step: int) -> list[int]:
 
 
 def _run(policy, cost, batch_size: int, rate: float, steps: int = 400) -> list[int]:
+    """The block sizes a policy chooses over `steps` chain steps with these costs and acceptance."""
     chosen = []
     for step in range(steps):
-        size = policy.choose(batch_size)
-        policy.observe(batch_size, size, cost(batch_size, size), _accepted(rate, size, batch_size, step))
+        plan = policy.choose(batch_size)
+        size = plan.block_size
+        policy.observe(batch_size, plan, cost(batch_size, size), _accepted(rate, size, batch_size, step))
         chosen.append(size)
     return chosen
 
@@ -96,11 +98,11 @@ def test_plain_is_measured_at_a_new_batch_size_before_drafting_wins_there():
 
 def test_a_fresh_policy_drafts_first_then_measures_plain_once_batched():
     policy = AdaptiveBlockSize(MAX_BLOCK)
-    assert policy.choose(4) == MAX_BLOCK
-    policy.observe(4, MAX_BLOCK, 0.05, [3, 3, 3, 3])
-    assert policy.choose(4) == 1  # plain never measured: try it
-    policy.observe(4, 1, 0.01, [0, 0, 0, 0])
-    assert policy.value(4, 1) == pytest.approx(1 / 0.01)
+    assert policy.choose(4) == StepPlan(MAX_BLOCK)
+    policy.observe(4, StepPlan(MAX_BLOCK), 0.05, [3, 3, 3, 3])
+    assert policy.choose(4) == PLAIN  # plain never measured: try it
+    policy.observe(4, PLAIN, 0.01, [0, 0, 0, 0])
+    assert policy.value(4, PLAIN) == pytest.approx(1 / 0.01)
 
 
 def test_acceptance_estimate_counts_positions_a_shorter_block_never_verified_as_unknown():
@@ -122,7 +124,8 @@ def test_step_costs_interpolate_and_extrapolate():
 
 def test_fixed_policy_pins_the_block_size_and_names_are_checked():
     policy = make_policy("fixed", 4)
-    assert isinstance(policy, FixedBlockSize) and {policy.choose(b) for b in (1, 16, 64)} == {4}
+    assert isinstance(policy, FixedBlockSize) and {policy.choose(b) for b in (1, 16, 64)} == {StepPlan(4)}
+    assert make_policy("fixed", 4, max_tree_budget=16).choose(1) == StepPlan(4, 16)
     assert isinstance(make_policy("adaptive", 4), AdaptiveBlockSize)
     with pytest.raises(DFlashError, match="block_policy"):
         make_policy("fastest", 4)
@@ -133,3 +136,69 @@ def test_policy_over_a_restricted_set_of_sizes_only_picks_those():
     assert set(_run(policy, gpu_like, 4, 0.8, steps=100)) == {1, MAX_BLOCK}
     fresh = AdaptiveBlockSize(MAX_BLOCK, explore_every=1000, sizes=[1, MAX_BLOCK])
     assert set(_run(fresh, saturating, 32, 0.8, steps=50)[2:]) == {1}
+
+
+# -- trees: the policy chooses plain, a chain or a tree of a budget per step -------------------------------------------
+def _tree_tokens(plan: StepPlan, rate: float) -> float:
+    """Tokens per sequence of a tree step in these tests: the chain's, plus what siblings recover (more nodes, more)."""
+    chain = sum(rate ** k for k in range(plan.block_size))
+    return chain + {8: 0.2, 16: 0.7, 32: 1.0}[plan.tree_budget]
+
+
+def _run_plans(policy, cost, batch_size: int, rate: float, steps: int = 400) -> list[StepPlan]:
+    chosen = []
+    for step in range(steps):
+        plan = policy.choose(batch_size)
+        if plan.tree_budget:
+            drafts, rng = _tree_tokens(plan, rate) - 1, random.Random(step)  # rows commit that on average
+            accepted = [int(drafts) + (rng.random() < drafts % 1) for _ in range(batch_size)]
+        else:
+            accepted = _accepted(rate, plan.block_size, batch_size, step)
+        policy.observe(batch_size, plan, cost(batch_size, plan.verified_tokens), accepted)
+        chosen.append(plan)
+    return chosen
+
+
+def test_each_tree_budget_is_measured_once_after_chain_and_plain():
+    policy = AdaptiveBlockSize(MAX_BLOCK, tree_budgets=[16, 32])
+    first = _run_plans(policy, gpu_like, 1, rate=0.5, steps=4)
+    assert first == [StepPlan(MAX_BLOCK), PLAIN, StepPlan(MAX_BLOCK, 16), StepPlan(MAX_BLOCK, 32)]
+    assert set(policy.tree_tokens) == {16, 32}
+
+
+def test_policy_takes_the_tree_where_verifying_is_nearly_free():
+    """A GPU-like cost: a 33-token verify costs about a 9-token one, so the largest tree commits the most per
+    second; the chain's acceptance is low (the drafter's near misses are what the tree recovers)."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, tree_budgets=[8, 16, 32])
+    chosen = _run_plans(policy, gpu_like, 1, rate=0.5)
+    settled = [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+    assert set(settled) == {StepPlan(MAX_BLOCK, 32)}, set(settled)
+
+
+def test_policy_leaves_trees_for_plain_decoding_when_every_token_costs():
+    """A CPU-like cost at 32 rows: neither a tree nor a chain pays; the policy settles on plain decoding."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, tree_budgets=[16, 32])
+    chosen = _run_plans(policy, cpu_like, 32, rate=0.5)
+    assert chosen[-20:].count(PLAIN) >= 19  # one exploration step in 50
+
+
+def test_a_tree_that_recovers_nothing_loses_to_the_chain():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, tree_budgets=[32])
+    chosen = []
+    for step in range(300):
+        plan = policy.choose(1)
+        rows = _accepted(0.7, min(plan.block_size, MAX_BLOCK), 1, step)  # the tree accepts only the spine
+        policy.observe(1, plan, cpu_like(1, plan.verified_tokens), rows)
+        chosen.append(plan)
+    assert StepPlan(MAX_BLOCK, 32) not in [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+
+
+def test_tree_budget_ladder_and_the_one_budget_check():
+    from dflash_trt.decoding.scheduler.block_policy import tree_budget_ladder
+
+    assert tree_budget_ladder(0, 8) == [] and tree_budget_ladder(32, 8) == [8, 16, 32]
+    assert tree_budget_ladder(24, 8) == [8, 16, 24] and tree_budget_ladder(4, 8) == [4]
+    for bad in (-1, 2.5, True):
+        with pytest.raises(DFlashError, match="tree budget must be >= 0"):
+            make_policy("adaptive", 8, max_tree_budget=bad)
+    assert make_policy("adaptive", 8, max_tree_budget=32).tree_budgets == [8, 16, 32]

@@ -13,6 +13,7 @@ import torch
 
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.verify import ChainVerify, verify_method
+from dflash_trt.errors import DFlashError
 from dflash_trt.testing import make_tiny_target
 
 PROMPT = [5, 17, 3, 42, 8, 11, 29]
@@ -121,5 +122,5 @@ def test_keeping_the_wrong_slots_changes_what_follows():
 
 def test_methods_are_found_by_name_and_an_unknown_one_is_refused():
     assert isinstance(verify_method("chain"), ChainVerify)
-    with pytest.raises(ValueError, match="unknown verification method 'beam'"):
+    with pytest.raises(DFlashError, match="unknown verification method 'beam'"):
         verify_method("beam")

@@ -20,7 +20,7 @@ from tree_oracle import NearMissOracle
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.model.drafters import load_drafter
 from dflash_trt.decoding.model.target import TargetModel
-from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize, StepPlan
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.step.verify import ChainVerify, TreeVerify, tree_or_chain, verify_method
@@ -65,12 +65,12 @@ def near_miss_oracle(target, prompts, references, **drafter_settings) -> NearMis
     return oracle
 
 
-def run(target, drafter, prompts, method, max_batch_size: int = 3, **settings):
+def run(target, drafter, prompts, method, max_batch_size: int = 3, policy=None, **settings):
     """Drive a scheduler through ARRIVALS (requests join while others run and leave); settings go to every
     request's SamplingParams. Returns the results in request order."""
     scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=max_batch_size,
                                                                   prefill_chunk_tokens=16),
-                          FixedBlockSize(BLOCK), method)
+                          policy or FixedBlockSize(BLOCK), method)
     results, step = {}, 0
     while step <= max(ARRIVALS) or scheduler.has_unfinished:
         for i in ARRIVALS.get(step, []):
@@ -133,6 +133,71 @@ def test_logits_processors_run_per_node_with_its_own_prefix(family):
     results = run(target, near_miss_oracle(target, prompts, references), prompts, TreeVerify(32), **settings)
     assert_plain_tokens(results, references)
     assert max(a for r in results for a in r.acceptance_lengths) > 2
+
+
+# -- the budget policy: plain, chain or tree per step ----------------------------------------------------------------
+class ScriptedPolicy:
+    """A BlockSizePolicy that cycles through given plans (a test double: the real policy's choices follow timing)."""
+
+    def __init__(self, plans):
+        self.plans, self.max_block_size = plans, BLOCK
+        self.tree_budgets = sorted({p.tree_budget for p in plans if p.tree_budget})
+        self.steps = itertools.cycle(plans)
+        self.observed = []
+
+    def choose(self, batch_size):
+        return next(self.steps)
+
+    def observe(self, batch_size, plan, seconds, accepted):
+        self.observed.append(plan)
+
+
+SWITCHING = [StepPlan(1), StepPlan(BLOCK, 16), StepPlan(BLOCK, 0), StepPlan(3, 32), StepPlan(1), StepPlan(5, 0),
+             StepPlan(BLOCK, 32)]
+
+
+def test_plans_switching_between_plain_chain_and_tree_give_plain_tokens(family, tmp_path):
+    """Every step runs what the policy chose (plain, chains of several sizes, trees of several budgets), in a
+    ragged batch that requests join and leave: plain decoding's tokens, for DFlash and DFlash2 drafters."""
+    name, target, prompts, references = family
+    policy = ScriptedPolicy(SWITCHING)
+    results = run(target, near_miss_oracle(target, prompts, references), prompts, ChainVerify(), policy=policy)
+    assert_plain_tokens(results, references)
+    assert {p.tree_budget for p in policy.observed} == {0, 16, 32}
+    make_tiny_drafter(target.config, directory=tmp_path / "d2", block_size=BLOCK, family="dflash2")
+    results = run(target, load_drafter(tmp_path / "d2"), prompts, ChainVerify(), policy=ScriptedPolicy(SWITCHING))
+    assert_plain_tokens(results, references)
+
+
+def test_a_planned_tree_really_verifies_a_tree():
+    """The same chain/tree schedule accepts more when its tree steps run as trees than when they are replaced by
+    chains (the near-miss drafter's siblings): the scheduler honours the plan's tree budget."""
+    name, target, prompts, references = family_data("llama")
+    trees = [StepPlan(BLOCK, 32), StepPlan(BLOCK, 0)]
+    chains = [StepPlan(BLOCK, 0), StepPlan(BLOCK, 0)]
+    with_trees = run(target, near_miss_oracle(target, prompts, references), prompts, ChainVerify(),
+                     policy=ScriptedPolicy(trees))
+    without = run(target, near_miss_oracle(target, prompts, references), prompts, ChainVerify(),
+                  policy=ScriptedPolicy(chains))
+    assert_plain_tokens(with_trees, references)
+    assert tau(with_trees) > 1.1 * tau(without), (tau(with_trees), tau(without))
+
+
+def test_the_default_policy_under_a_tree_cap_tries_each_budget_and_stays_lossless():
+    name, target, prompts, references = family_data("llama")
+    scheduler_method = TreeVerify(32, 4)
+    scheduler = Scheduler(target, near_miss_oracle(target, prompts, references), BLOCK,
+                          SchedulerLimits(max_batch_size=3), method=scheduler_method)
+    assert scheduler.policy.tree_budgets == [8, 16, 32] and scheduler.verify_slots == 33
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(prompt, SamplingParams(max_new_tokens=MAX_NEW[i]), request_id=i)
+    results = {}
+    while scheduler.has_unfinished:
+        for out in scheduler.step():
+            if out.is_final:
+                results[out.index] = out.result
+    assert_plain_tokens([results[i] for i in range(len(prompts))], references)
+    assert set(scheduler.policy.tree_tokens) == {8, 16, 32}
 
 
 # -- the tree is the top-B prefixes -----------------------------------------------------------------------------
@@ -284,7 +349,7 @@ def test_methods_by_name_and_by_budget():
         TreeVerify(0)
     with pytest.raises(DFlashError, match="tree top-k must be >= 1"):
         TreeVerify(8, 0)
-    with pytest.raises(ValueError, match="--tree-top-k needs --tree-budget"):
+    with pytest.raises(DFlashError, match="--tree-top-k needs --tree-budget"):
         tree_or_chain(0, 4)
 
 

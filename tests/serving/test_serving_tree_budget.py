@@ -32,7 +32,7 @@ def test_the_repository_carries_the_tree_budget(tiny_engine, tmp_path):
     assert dflash_parameters(render_repository(RepoConfig(tiny_engine, tmp_path / "chain")))["tree_budget"] == "0"
     repo = render_repository(RepoConfig(tiny_engine, tmp_path / "tree", tree_budget=24))
     assert dflash_parameters(repo)["tree_budget"] == "24"
-    with pytest.raises(DFlashError, match="tree_budget must be >= 0, got -1"):
+    with pytest.raises(DFlashError, match=r"tree budget must be >= 0 \(0 means the chain\), got -1"):
         render_repository(RepoConfig(tiny_engine, tmp_path / "bad", tree_budget=-1))
 
 

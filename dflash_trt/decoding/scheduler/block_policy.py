@@ -1,57 +1,105 @@
-"""How many tokens each decoding step verifies per sequence: the block-size policy.
+"""What each decoding step verifies per sequence: plain decoding, a chain of S tokens, or a tree of B nodes.
 
-Drafting pays when verifying S tokens per sequence costs little more than verifying one, which holds
+Drafting pays when verifying several tokens per sequence costs little more than verifying one, which holds
 for a small batch and stops holding once the target's forward is compute bound (a large batch on a
-CPU, or a full GPU). `AdaptiveBlockSize` picks, before every step, the block size S in 1..max that
-maximizes expected committed tokens per second for the current batch size B:
+CPU, or a full GPU). `AdaptiveBlockSize` picks, before every step, the `StepPlan` among its candidates
+(plain, chains of 2..max tokens, and trees of the budgets it was given) that maximizes expected committed
+tokens per second for the current batch size B:
 
-    value(S) = tokens(S) / cost(B, S)
+    value(plan) = tokens(plan) / cost(B, plan)
 
-- tokens(S): expected tokens committed per sequence by a block of S = 1 + sum_{k<S} P(draft 1..k all
-  accepted). The per-position acceptance rates are counted from the steps run so far (a position that a
-  shorter block never verified is not counted as rejected), with a light prior so a fresh policy tries
-  drafting, and older steps weigh less (the mix of requests changes).
-- cost(B, S): the measured wall time of past steps, kept separately for plain steps (S = 1, no drafter
-  call) and drafted steps, as a moving average per number of verified tokens n = B * S; a size not
-  measured yet is interpolated between the nearest measured sizes (extrapolated linearly beyond them).
-- exploration: the first step drafts, the second is plain (each mode measured once); a batch size whose
-  plain cost is only extrapolated (no plain step measured within 25% of its token count, e.g. only at a
-  much smaller batch) gets one plain step before drafting is preferred there, since extrapolating from a
-  small batch overstates a plain step's cost; then every `explore_every`-th decision takes a neighbour of
-  the best size, so estimates follow the load.
+- tokens(chain of S): expected tokens committed per sequence = 1 + sum_{k<S} P(draft 1..k all accepted). The
+  per-position acceptance rates are counted from the chain steps run so far (a position that a shorter block
+  never verified is not counted as rejected), with a light prior so a fresh policy tries drafting, and older
+  steps weigh less (the mix of requests changes).
+- tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
+  less); before its first step, the chain's figure for its spine, which it never does worse than.
+- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call),
+  chain steps and tree steps, as a moving average per number of verified tokens n = B * (tokens verified per
+  sequence: S for a chain, budget + 1 for a tree); a size not measured yet is interpolated between the nearest
+  measured sizes (extrapolated linearly beyond them); a tree never measured is costed as a chain of as many
+  tokens.
+- exploration: the first step drafts a chain of max tokens, the second is plain, each tree budget then runs
+  once (each mode measured once); a batch size whose plain cost is only extrapolated (no plain step measured
+  within 25% of its token count, e.g. only at a much smaller batch) gets one plain step before drafting is
+  preferred there, since extrapolating from a small batch overstates a plain step's cost; then every
+  `explore_every`-th decision takes a neighbour of the best plan (by tokens verified), so estimates follow
+  the load.
 
-The choice never changes what is generated (verification is lossless at any block size), only how fast.
-`FixedBlockSize` pins the block size (the switch), e.g. 1 for the plain-decoding baseline.
+The choice never changes what is generated (every plan's verification is lossless), only how fast.
+`FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.errors import DFlashError
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step verifies per sequence: a block of `block_size` tokens (1: plain decoding, no draft), as
+    the chain (tree_budget 0), as a tree of `tree_budget` draft nodes no deeper than block_size - 1, or with
+    the scheduler's own verification method (tree_budget None: what a pinned policy leaves to the caller)."""
+
+    block_size: int
+    tree_budget: int | None = 0
+
+    @property
+    def verified_tokens(self) -> int:
+        """New KV slots a sequence writes in the step (a tree: its nodes and the root)."""
+        return self.tree_budget + 1 if self.tree_budget and self.block_size > 1 else self.block_size
+
+    def with_block_size(self, block_size: int) -> "StepPlan":
+        return StepPlan(block_size, self.tree_budget)
+
+
+PLAIN = StepPlan(1)
 
 
 class BlockSizePolicy(Protocol):
     max_block_size: int
+    tree_budgets: list[int]  # the tree budgets it may choose (none: chains only); the scheduler reserves KV for them
 
-    def choose(self, batch_size: int) -> int: ...
+    def choose(self, batch_size: int) -> StepPlan: ...
 
-    def observe(self, batch_size: int, block_size: int, seconds: float, accepted: Sequence[int]) -> None: ...
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None: ...
 
 
 class FixedBlockSize:
-    """Every step verifies the same block size."""
+    """Every step verifies the same block size, with the scheduler's method (or a pinned tree budget)."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, tree_budget: int | None = None):
         if block_size < 1:
             raise DFlashError(f"block_size must be >= 1, got {block_size}")
+        check_tree_budget(tree_budget or 0)
         self.max_block_size = block_size
+        self.tree_budgets = [tree_budget] if tree_budget else []
+        self.plan = StepPlan(block_size, tree_budget)
 
-    def choose(self, batch_size: int) -> int:
-        return self.max_block_size
+    def choose(self, batch_size: int) -> StepPlan:
+        return self.plan
 
-    def observe(self, batch_size: int, block_size: int, seconds: float, accepted: Sequence[int]) -> None:
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         pass
+
+
+def tree_budget_ladder(max_budget: int, block_size: int) -> list[int]:
+    """The tree budgets an adaptive policy may choose under a cap of `max_budget` nodes: the powers of two
+    above the chain's block - 1 drafts, and the cap itself (none for a cap of 0)."""
+    if max_budget <= 0:
+        return []
+    ladder = {max_budget}
+    budget = 1
+    while budget < max_budget:
+        if budget > block_size - 1:
+            ladder.add(budget)
+        budget *= 2
+    return sorted(ladder)
 
 
 class AcceptanceEstimate:
@@ -116,62 +164,111 @@ class StepCosts:
         return self.seconds[a] + slope * (n - a)
 
 
-class AdaptiveBlockSize:
-    """Block size per step from measured step costs and acceptance (see the module docstring)."""
+class TreeTokens:
+    """Mean tokens committed per sequence by one tree budget's steps, older steps weighing less."""
 
-    def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None):
+    def __init__(self, decay: float = 0.98):
+        self.decay, self.total, self.weight = decay, 0.0, 0.0
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        self.total = self.total * self.decay + sum(a + 1 for a in accepted)
+        self.weight = self.weight * self.decay + len(accepted)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight if self.weight else 0.0
+
+
+class AdaptiveBlockSize:
+    """The plan of every step from measured step costs and acceptance (see the module docstring)."""
+
+    def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None,
+                 tree_budgets: Sequence[int] = ()):
         """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
-        block size allows only 1 and that one)."""
+        block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
+        (tree_budget_ladder; none: chains only)."""
         if max_block_size < 1:
             raise DFlashError(f"block_size must be >= 1, got {max_block_size}")
         self.max_block_size, self.explore_every = max_block_size, explore_every
         self.sizes = sorted(set(sizes)) if sizes else list(range(1, max_block_size + 1))
+        self.tree_budgets = sorted({check_tree_budget(b) for b in tree_budgets} - {0}) if max_block_size > 1 else []
+        # Every plan it may choose, ordered by tokens verified per sequence (exploration takes neighbours).
+        chains = [StepPlan(size) for size in self.sizes]
+        trees = [StepPlan(max_block_size, budget) for budget in self.tree_budgets]
+        self.plans = sorted(chains + trees, key=lambda plan: (plan.verified_tokens, plan.tree_budget))
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
-        self.plain, self.drafted = StepCosts(), StepCosts()
+        self.plain, self.drafted, self.trees = StepCosts(), StepCosts(), StepCosts()
+        self.tree_tokens: dict[int, TreeTokens] = {}
         self.decisions = 0
-        self._last_best = max_block_size
+        self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
 
-    def cost(self, batch_size: int, block_size: int) -> float | None:
-        costs = self.plain if block_size == 1 else self.drafted
-        return costs.estimate(batch_size * block_size) if costs else None
+    def cost(self, batch_size: int, plan: StepPlan) -> float | None:
+        if plan.block_size == 1:
+            costs = self.plain
+        else:
+            costs = self.trees if plan.tree_budget and self.trees else self.drafted
+        return costs.estimate(batch_size * plan.verified_tokens) if costs else None
 
-    def value(self, batch_size: int, block_size: int) -> float | None:
+    def tokens(self, plan: StepPlan) -> float:
+        """Expected tokens committed per sequence by one step of `plan`."""
+        if plan.tree_budget and plan.block_size > 1:
+            measured = self.tree_tokens.get(plan.tree_budget)
+            spine = min(plan.block_size, plan.tree_budget + 1)
+            return measured.mean if measured is not None else self.acceptance.tokens(spine)
+        return self.acceptance.tokens(plan.block_size)
+
+    def value(self, batch_size: int, plan: StepPlan) -> float | None:
         """Expected committed tokens per second per sequence; None before any step of that mode ran."""
-        cost = self.cost(batch_size, block_size)
-        return None if cost is None else self.acceptance.tokens(block_size) / max(cost, 1e-9)
+        cost = self.cost(batch_size, plan)
+        return None if cost is None else self.tokens(plan) / max(cost, 1e-9)
 
-    def best(self, batch_size: int) -> int:
-        values = {s: self.value(batch_size, s) for s in self.sizes}
-        known = {s: v for s, v in values.items() if v is not None}
-        return max(known, key=lambda s: (known[s], -s)) if known else self.max_block_size
+    def best(self, batch_size: int) -> StepPlan:
+        values = {plan: self.value(batch_size, plan) for plan in self.plans}
+        known = {plan: v for plan, v in values.items() if v is not None}
+        if not known:
+            return StepPlan(self.max_block_size)
+        return max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
 
-    def choose(self, batch_size: int) -> int:
+    def choose(self, batch_size: int) -> StepPlan:
         if self.max_block_size == 1:
-            return 1
+            return PLAIN
         self.decisions += 1
         if not self.drafted:
-            return self.max_block_size
+            return StepPlan(self.max_block_size)
         if not self.plain:
-            return 1
+            return PLAIN
+        for budget in self.tree_budgets:
+            if budget not in self.tree_tokens:
+                return StepPlan(self.max_block_size, budget)  # each tree budget's acceptance measured once
         best = self.best(batch_size)
-        if best > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
-            return 1  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
-        if self.decisions % self.explore_every == 0 and len(self.sizes) > 1:
-            index, step = self.sizes.index(best), 1 if (self.decisions // self.explore_every) % 2 else -1
-            neighbour = index + step if 0 <= index + step < len(self.sizes) else index - step
-            return self.sizes[neighbour]
+        if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
+            return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
+        if self.decisions % self.explore_every == 0 and len(self.plans) > 1:
+            index, step = self.plans.index(best), 1 if (self.decisions // self.explore_every) % 2 else -1
+            neighbour = index + step if 0 <= index + step < len(self.plans) else index - step
+            return self.plans[neighbour]
         return best
 
-    def observe(self, batch_size: int, block_size: int, seconds: float, accepted: Sequence[int]) -> None:
-        (self.plain if block_size == 1 else self.drafted).observe(batch_size * block_size, seconds)
-        if block_size > 1:
-            self.acceptance.observe(block_size, accepted)
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
+        self.steps_run[plan] += 1
+        if plan.block_size == 1:
+            self.plain.observe(batch_size, seconds)
+        elif plan.tree_budget:
+            self.trees.observe(batch_size * plan.verified_tokens, seconds)
+            self.tree_tokens.setdefault(plan.tree_budget, TreeTokens()).observe(accepted)
+        else:
+            self.drafted.observe(batch_size * plan.block_size, seconds)
+            self.acceptance.observe(plan.block_size, accepted)
 
 
-def make_policy(name: str, max_block_size: int, sizes: Sequence[int] | None = None) -> BlockSizePolicy:
-    """'adaptive' (the default of serving; over `sizes`) or 'fixed' (always max_block_size)."""
+def make_policy(name: str, max_block_size: int, sizes: Sequence[int] | None = None, max_tree_budget: int = 0
+                ) -> BlockSizePolicy:
+    """'adaptive' (the default of serving; over `sizes`, and trees up to `max_tree_budget` nodes) or 'fixed'
+    (always max_block_size, as a tree of max_tree_budget nodes when that is > 0)."""
+    check_tree_budget(max_tree_budget)
     if name == "adaptive":
-        return AdaptiveBlockSize(max_block_size, sizes=sizes)
+        return AdaptiveBlockSize(max_block_size, sizes=sizes,
+                                 tree_budgets=tree_budget_ladder(max_tree_budget, max_block_size))
     if name == "fixed":
-        return FixedBlockSize(max_block_size)
+        return FixedBlockSize(max_block_size, max_tree_budget)
     raise DFlashError(f"block_policy must be 'adaptive' or 'fixed', got {name!r}")

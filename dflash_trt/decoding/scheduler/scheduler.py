@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from dflash_trt.decoding.model.protocols import Drafter, Target
-from dflash_trt.decoding.scheduler.block_policy import AdaptiveBlockSize, BlockSizePolicy
+from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, BlockSizePolicy, tree_budget_ladder
 from dflash_trt.decoding.scheduler.prefill import PrefillJob
 from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.step.step import FEATURE_BACKLOG, absorb_context, decode_step, resolve_block_size
-from dflash_trt.decoding.step.verify import ChainVerify, VerifyMethod
+from dflash_trt.decoding.step.verify import ChainVerify, TreeVerify, VerifyMethod
 from dflash_trt.errors import DFlashError
 
 
@@ -76,20 +76,31 @@ class Scheduler:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
                  limits: SchedulerLimits | None = None, policy: BlockSizePolicy | None = None,
                  method: VerifyMethod | None = None):
-        """method: how drafts are verified (step/verify; default the chain)."""
+        """method: how drafts are verified (step/verify; default the chain). A tree method's budget is the cap of
+        the default (adaptive) policy, which chooses per step among plain, chains and trees up to it; a pinned
+        policy (FixedBlockSize) runs `method` on every step unless it pins a tree budget of its own."""
         self.target = target
         self.method = method or ChainVerify()
         self.max_block_size = resolve_block_size(drafter, block_size)
         self.drafter = drafter if self.max_block_size > 1 else None
-        if self.drafter is not None:
-            target.check_drafter(drafter.config)
-            self.method.check(target, self.drafter)
         self.layer_ids = tuple(drafter.config.target_layer_ids) if self.drafter is not None else ()
         self.limits = limits or SchedulerLimits()
         self.block_sizes = allowed_block_sizes(self.drafter, self.max_block_size)
-        self.policy = policy or AdaptiveBlockSize(self.max_block_size, sizes=self.block_sizes)
+        self.policy = policy or AdaptiveBlockSize(self.max_block_size, sizes=self.block_sizes,
+                                                  tree_budgets=tree_budget_ladder(_tree_cap(self.method),
+                                                                                  self.max_block_size))
         if self.policy.max_block_size > self.max_block_size:
             raise DFlashError(f"policy block size {self.policy.max_block_size} exceeds {self.max_block_size}")
+        self._methods: dict[int | None, VerifyMethod] = {None: self.method, 0: ChainVerify()}
+        top_k = self.method.top_k if isinstance(self.method, TreeVerify) else None
+        for budget in self.policy.tree_budgets:
+            self._methods[budget] = TreeVerify(budget, top_k)
+        if self.drafter is not None:
+            target.check_drafter(drafter.config)
+            for checked in self._methods.values():
+                checked.check(target, self.drafter)
+        # KV slots a row may write in one step: the largest verify any plan may run.
+        self.verify_slots = max(m.verify_slots(self.max_block_size) for m in self._methods.values())
         self.waiting: deque[Request] = deque()
         self.prefill: PrefillJob | None = None
         self.running: RunningBatch | None = None
@@ -108,7 +119,7 @@ class Scheduler:
         if request_id in self._requests:
             raise DFlashError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt, params, self.max_block_size,
-                          self.method.verify_slots(self.max_block_size) if self.drafter is not None else 1)
+                          self.verify_slots if self.drafter is not None else 1)
         limit = self.target.max_context
         if limit and request.reserved_tokens > limit:
             raise DFlashError(f"prompt {request_id}: {len(request.prompt)} prompt tokens + max_new_tokens "
@@ -171,18 +182,19 @@ class Scheduler:
 
     # -- the pieces of a step -------------------------------------------------------------------------
     def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
-        block_size = self.policy.choose(len(batch)) if self.drafter is not None else 1
+        plan = self.policy.choose(len(batch)) if self.drafter is not None else PLAIN
         if first and self.drafter is not None:
-            block_size = max(block_size, 2)  # the drafter takes in the prompt while the group is alone
+            plan = plan.with_block_size(max(plan.block_size, 2))  # the drafter takes in the prompt while alone
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
             # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
-            block_size = max(1, min(block_size, max(r.remaining for r in batch.requests) + 1))
-        else:
-            block_size = block_size if block_size in self.block_sizes else self.max_block_size
+            plan = plan.with_block_size(max(1, min(plan.block_size, max(r.remaining for r in batch.requests) + 1)))
+        elif plan.block_size not in self.block_sizes:
+            plan = plan.with_block_size(self.max_block_size)
         start = time.perf_counter()
-        report = decode_step(self.target, self.drafter, batch, block_size, self.layer_ids, self.method)
+        report = decode_step(self.target, self.drafter, batch, plan.block_size, self.layer_ids,
+                             self._methods[plan.tree_budget])
         if not first:
-            self.policy.observe(len(batch), block_size, time.perf_counter() - start, report.accepted)
+            self.policy.observe(len(batch), plan, time.perf_counter() - start, report.accepted)
         return report.outputs
 
     def _leave(self) -> None:
@@ -238,3 +250,8 @@ class Scheduler:
             else:
                 self.running.merge(batch)
         return outputs
+
+
+def _tree_cap(method: VerifyMethod) -> int:
+    """The node budget of a tree method (0 for the chain)."""
+    return method.budget if isinstance(method, TreeVerify) else 0

@@ -14,12 +14,14 @@ tree (tree.py) verifies the drafter's B most probable continuations in one forwa
 
 from __future__ import annotations
 
+from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.decoding.step.verify.base import Accepted, VerifyInput, VerifyMethod
 from dflash_trt.decoding.step.verify.chain import ChainVerify
 from dflash_trt.decoding.step.verify.tree import TreeVerify
+from dflash_trt.errors import DFlashError
 
-__all__ = ["Accepted", "ChainVerify", "METHODS", "TreeVerify", "VerifyInput", "VerifyMethod", "tree_or_chain",
-           "verify_method"]
+__all__ = ["Accepted", "ChainVerify", "METHODS", "TreeVerify", "VerifyInput", "VerifyMethod", "check_tree_budget",
+           "tree_or_chain", "verify_method"]
 
 # name -> class; a new method is one file and one row here.
 METHODS: dict[str, type] = {"chain": ChainVerify, "tree": TreeVerify}
@@ -28,16 +30,14 @@ METHODS: dict[str, type] = {"chain": ChainVerify, "tree": TreeVerify}
 def verify_method(name: str, **settings) -> VerifyMethod:
     """The method `name` built with `settings` (TreeVerify: budget, top_k)."""
     if name not in METHODS:
-        raise ValueError(f"unknown verification method {name!r} (known: {', '.join(sorted(METHODS))})")
+        raise DFlashError(f"unknown verification method {name!r} (known: {', '.join(sorted(METHODS))})")
     return METHODS[name](**settings)
 
 
 def tree_or_chain(tree_budget: int = 0, tree_top_k: int | None = None) -> VerifyMethod:
     """What --tree-budget B [--tree-top-k K] means: the chain for B = 0, else a tree of B nodes."""
-    if tree_budget < 0:
-        raise ValueError(f"tree budget must be >= 0 (0 means the chain), got {tree_budget}")
-    if tree_budget == 0:
+    if check_tree_budget(tree_budget) == 0:
         if tree_top_k is not None:
-            raise ValueError("--tree-top-k needs --tree-budget B > 0")
+            raise DFlashError("--tree-top-k needs --tree-budget B > 0")
         return ChainVerify()
     return TreeVerify(tree_budget, tree_top_k)

@@ -32,6 +32,7 @@ import torch
 from dflash_trt.decoding.model.protocols import Proposal
 from dflash_trt.decoding.step import logits_processors
 from dflash_trt.decoding.step.sampling import choose_keyed
+from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.decoding.step.verify.base import Accepted, VerifyInput
 from dflash_trt.decoding.step.verify.chain import ChainVerify
 from dflash_trt.errors import DFlashError
@@ -117,7 +118,7 @@ class TreeVerify:
     name = "tree"
 
     def __init__(self, budget: int = 16, top_k: int | None = None):
-        if budget < 1:
+        if check_tree_budget(budget) < 1:
             raise DFlashError(f"tree budget must be >= 1 (0 means the chain), got {budget}")
         if top_k is not None and top_k < 1:
             raise DFlashError(f"tree top-k must be >= 1, got {top_k}")
