@@ -25,6 +25,7 @@ from dflash_trt.decoding.model import drafters
 from dflash_trt.decoding.model.config import CONFIG_NAME, DrafterConfig
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.decoding.step.verify import tree_or_chain
 from dflash_trt.errors import ConfigError, DFlashError
 
 # The reference samples greedily below this temperature.
@@ -77,11 +78,14 @@ def resolve_device(device_map) -> torch.device:
 
 
 def spec_generate(drafter, target, input_ids, max_new_tokens: int, stop_token_ids: Iterable[int] | None = None,
-                  temperature: float = 0.0, block_size: int | None = None) -> torch.Tensor:
+                  temperature: float = 0.0, block_size: int | None = None, tree_budget: int = 0,
+                  tree_top_k: int | None = None) -> torch.Tensor:
     """Speculative generation for one prompt; returns prompt + new tokens [1, L + N] on the prompt's device.
 
     target: a Hugging Face causal LM (or a dflash_trt TargetModel); input_ids: LongTensor [1, L] (or the
-    BatchEncoding that `apply_chat_template(..., return_tensors="pt")` returns).
+    BatchEncoding that `apply_chat_template(..., return_tensors="pt")` returns). tree_budget B > 0 verifies
+    a tree of the drafter's B most probable continuations per step (tree_top_k candidates per slot) instead
+    of the chain: the same tokens, more of them accepted per step (an extension; the reference has none).
     """
     prompt = _prompt_tensor(input_ids)
     target_model = _as_target(target)
@@ -91,7 +95,8 @@ def spec_generate(drafter, target, input_ids, max_new_tokens: int, stop_token_id
         temperature=0.0 if temperature is None or temperature < GREEDY_BELOW else float(temperature),
         stop_token_ids=tuple(int(t) for t in (stop_token_ids or ()) if t is not None),
     )
-    result = generate(target_model, drafter, [prompt[0].tolist()], params, block_size=block_size)[0]
+    method = tree_or_chain(tree_budget, tree_top_k)
+    result = generate(target_model, drafter, [prompt[0].tolist()], params, block_size=block_size, method=method)[0]
     new_tokens = torch.tensor([result.token_ids], dtype=torch.long, device=prompt.device)
     return torch.cat([prompt.long(), new_tokens], dim=1)
 

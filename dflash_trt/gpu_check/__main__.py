@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dflash_trt.gpu_check import kernel_checks, model_checks, sanitizer
+    from dflash_trt.gpu_check import kernel_checks, model_checks, sanitizer, tree_times
 
     started = time.perf_counter()
     layers = args.target_layers or (8 if args.quick else 36)
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         ("kernel time vs SDPA vs HBM floor", lambda: kernel_checks.timing(args.quick)),
         ("decoding loop on CUDA vs transformers greedy generate", greedy),
         ("step times and implied speedup", lambda: model_checks.step_times(*model_checks.build_pair(layers))),
+        ("tree verify times and implied speedup",
+         lambda: tree_times.tree_verify_times(*model_checks.build_pair(layers))),
         ("compute-sanitizer on small cases", lambda: sanitizer.run(
             timeout_s=max(60.0, args.budget_s - (time.perf_counter() - started)))),
     ]

@@ -79,3 +79,33 @@ def test_step_times_section_reports_every_batch(tiny_pair):
         assert row["implied_speedup"] == pytest.approx(
             6.49 * row["t_AR_ms"] / (row["t_draft_ms"] + row["t_verify16_ms"]))
     assert section.status == "pass", section.message
+
+
+def test_tree_section_times_every_budget_and_its_spine_matches_the_chain(tiny_pair):
+    from dflash_trt.gpu_check import tree_times
+
+    section = tree_times.tree_verify_times(*tiny_pair, batches=(1, 2), context=24, budgets=(16, 40), iterations=1)
+    assert section.status == "pass", section.message
+    assert [(r["batch"], r["nodes"]) for r in section.rows] == [(1, 16), (1, 40), (2, 16), (2, 40)]
+    for row in section.rows:
+        assert row["spine_agreement"] == 1.0  # fp32 on CPU: exact
+        assert min(row["t_verify_tree_ms"], row["t_verify16_chain_ms"], row["t_draft_topk_ms"]) > 0
+        assert row["implied_speedup_tree"] == pytest.approx(
+            10.73 * row["t_AR_ms"] / (row["t_draft_topk_ms"] + row["t_verify_tree_ms"]))
+
+
+def test_tree_shape_is_a_spine_with_siblings_and_a_wrong_mask_is_caught(tiny_pair, monkeypatch):
+    from dflash_trt.gpu_check import tree_times
+
+    parents, depths = tree_times.tree_shape(20, 15)
+    assert depths[:15] == list(range(1, 16)) and parents[:15] == list(range(-1, 14))
+    assert len(parents) == 20 and all(p < i for i, p in enumerate(parents))
+    assert all(depths[i] == (depths[p] if p >= 0 else 0) + 1 for i, p in enumerate(parents))
+    mask = tree_times.ancestor_mask([-1, 0, -1])  # root, a, a's child, a's sibling
+    assert mask.tolist() == [[True, False, False, False], [True, True, False, False],
+                             [True, True, True, False], [True, False, False, True]]
+    # Broken on purpose: every node sees every other node (no ancestor mask): the spine no longer matches
+    monkeypatch.setattr(tree_times, "ancestor_mask", lambda parents: torch.ones(len(parents) + 1, len(parents) + 1,
+                                                                               dtype=torch.bool))
+    section = tree_times.tree_verify_times(*tiny_pair, batches=(1,), context=24, budgets=(40,), iterations=1)
+    assert section.status == "fail" and "mask or positions wrong" in section.message

@@ -47,6 +47,19 @@ def test_reference_snippet_equals_target_only_greedy_decoding(snippet):
     assert torch.equal(output, expected)
 
 
+def test_a_tree_budget_gives_the_same_tokens_and_a_bad_one_is_refused(snippet):
+    from dflash_trt import DFlashError
+
+    output, input_ids, target, draft, _ = snippet
+    prompt = prompt_tensor(input_ids)
+    for budget, top_k in ((16, None), (5, 2)):
+        tree = draft.spec_generate(input_ids=prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0, target=target,
+                                   stop_token_ids=None, tree_budget=budget, tree_top_k=top_k)
+        assert torch.equal(tree[:, :output.shape[1]], output)
+    with pytest.raises(DFlashError, match=r"tree budget must be >= 0 \(0 means the chain\), got -2"):
+        draft.spec_generate(input_ids=prompt, max_new_tokens=4, target=target, tree_budget=-2)
+
+
 def test_output_ends_at_the_first_stop_token_which_is_kept(snippet):
     output, input_ids, target, draft, _ = snippet
     prompt = prompt_tensor(input_ids)
