@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.errors import DFlashError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,7 @@ class BenchConfig:
     # at least this many tok/s of its own.
     min_user_tokens_per_s: float = 10.0
     sequential_baseline: bool = False  # also serve DFlash one request at a time (max_batch_sequences 1)
+    tree_budget: int = 0  # served DFlash: the repository's tree_budget (the adaptive policy's largest tree)
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 600.0
 
@@ -39,6 +41,7 @@ class BenchConfig:
         for name in ("num_prompts", "max_new_tokens", "instances"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_tree_budget(self.tree_budget)
         if self.num_threads < 0:
             raise DFlashError(f"num_threads must be >= 0, got {self.num_threads}")
         if any(size < 2 for size in self.block_sizes):

@@ -1,5 +1,5 @@
 """Serving load test: the same engine served twice through the real Triton ensemble, once with DFlash
-(the engine's block size, adaptive per step) and once with plain decoding (repository block_size 1),
+(the engine's block size, adaptive per step: plain, a chain, or a tree up to config.tree_budget nodes) and once with plain decoding (repository block_size 1),
 both batched in flight, one server at a time, with the same repository settings and the same requests.
 Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
 
@@ -59,7 +59,8 @@ def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> 
     return render_repository(RepoConfig(
         engine_dir=config.engine, out=out, chat_template="model" if config.chat else "none",
         dflash_instances=config.instances, max_queue_size=max(64, 4 * max(config.concurrency)),
-        num_threads=config.num_threads, block_size=block_size, **batch))
+        num_threads=config.num_threads, block_size=block_size,
+        tree_budget=config.tree_budget if block_size != 1 else 0, **batch))
 
 
 def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:

@@ -42,6 +42,9 @@ def register(subparsers) -> None:
                              "gets >= X tok/s (default: %(default)s)")
     parser.add_argument("--sequential-baseline", action="store_true",
                         help="also serve DFlash one request at a time (max_batch_sequences 1)")
+    parser.add_argument("--tree-budget", type=int, default=d.tree_budget, metavar="B",
+                        help="served DFlash: the repository's tree_budget, the largest tree the adaptive policy may "
+                             "verify per step (default: 0, chains only)")
     parser.set_defaults(func=run)
 
 
@@ -55,11 +58,12 @@ def run(args) -> int:
     from dflash_trt.engine.build import ensure_engine
 
     config = BenchConfig(
-        engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out, prompts_dir=args.prompts_dir, families=tuple(args.families),
+        engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out,
+        prompts_dir=args.prompts_dir, families=tuple(args.families),
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
         duration_s=args.duration, instances=args.instances, min_user_tokens_per_s=args.min_user_tokens_per_s,
-        sequential_baseline=args.sequential_baseline)
+        sequential_baseline=args.sequential_baseline, tree_budget=args.tree_budget)
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))

@@ -123,6 +123,13 @@ def test_bench_reports_tau_speedup_and_identity(tiny_text_pair_dir, tmp_path, ca
           "--prompts", str(prompts), "--max-new-tokens", "6", "--json", "--tree-budget", "12"])
     tree = json.loads(capsys.readouterr().out)
     assert tree["tree_budget"] == 12 and tree["identical"] is True
+    main(["bench", "--target", str(tiny_text_pair_dir / "target"), "--drafter", str(tiny_text_pair_dir / "drafter"),
+          "--prompts", str(prompts), "--max-new-tokens", "6", "--json", "--tree-budget", "12",
+          "--block-policy", "adaptive"])
+    adaptive = json.loads(capsys.readouterr().out)
+    assert adaptive["block_policy"] == "adaptive" and adaptive["identical"] is True
+    # One policy across the prompts (and the warm-up): a chain first, then plain, then each tree budget once.
+    assert {"chain 4", "plain", "tree 4", "tree 8", "tree 12"} <= set(adaptive["plans"]), adaptive["plans"]
 
 
 def test_bench_rejects_a_malformed_prompt_file(tiny_text_pair_dir, tmp_path, capsys):
