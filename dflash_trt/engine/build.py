@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.drafters.support import check_runtime
+from dflash_trt.decoding.step.tree_budget import verification_methods
 from dflash_trt.engine import steps
 from dflash_trt.engine.arch import TargetArch, read_target_arch
 from dflash_trt.engine.artifacts import drafter_onnx, trtllm
@@ -239,6 +240,7 @@ def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str
         "kv_dtype": preset.kv_dtype,
         "block_size": preset.block_size,
         "max_draft_len": preset.max_draft_len,
+        "verification": verification_methods(preset.runtime),  # the repository's tree_budget needs "tree"
         "drafter_family": d.family,
         "drafter_architecture": d.architecture,
         "target_layer_ids": list(d.target_layer_ids),

@@ -13,7 +13,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_trt.decoding.step.tree_budget import check_tree_budget
+from dflash_trt.decoding.step.tree_budget import check_tree_budget, verification_methods
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
 from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
@@ -75,6 +75,11 @@ class RepoConfig:
         check_tree_budget(self.tree_budget)
 
 
+def engine_verification(engine) -> list[str]:
+    """The verification methods an engine runs: its manifest's list (engines built before it: by runtime)."""
+    return engine.manifest.get("verification") or verification_methods(engine.runtime)
+
+
 def engine_limits(engine) -> tuple[int, int]:
     """(max_context_tokens, default max_tokens_limit) of a loaded engine manifest."""
     context = int(engine.manifest.get("preset", {}).get("max_seq_len") or 0)
@@ -95,9 +100,9 @@ def render_repository(config: RepoConfig) -> Path:
 
     config.validate()
     engine = load_engine(config.engine_dir, verify=False, load_models=False)
-    if config.tree_budget and engine.runtime == "trtllm":
-        raise DFlashError("tree_budget: the trtllm runtime cannot verify a tree (TensorRT-LLM's DFlash verifies a "
-                          "chain); set it to 0")
+    if config.tree_budget and "tree" not in engine_verification(engine):
+        raise DFlashError(f"tree_budget: a {engine.runtime} engine verifies a chain only (a tree needs the torch "
+                          "runtime's per-slot candidates and explicit masks); set it to 0")
     context, max_tokens = engine_limits(engine)
     context -= max(0, config.tree_budget + 1 - engine.block_size)  # a tree verify writes budget + 1 slots
     context = config.max_context_tokens or context

@@ -71,3 +71,20 @@ def test_a_served_tree_answers_like_plain_decoding(tiny_engine, tmp_path):
             answers[name] = generate(server.config.http_url, prompt, 24)
     assert answers["tree"]["text_output"] == answers["plain"]["text_output"]
     assert answers["tree"]["num_output_tokens"] == 24
+
+
+def test_the_manifest_says_which_methods_an_engine_verifies_and_the_repository_follows_it(tiny_engine, tmp_path):
+    import json
+    import shutil
+
+    from dflash_trt.engine.manifest import read_manifest
+
+    assert read_manifest(tiny_engine, verify=False)["verification"] == ["chain", "tree"]
+    chain_only = tmp_path / "engine"
+    shutil.copytree(tiny_engine, chain_only, symlinks=True)
+    manifest = json.loads((chain_only / "manifest.json").read_text())
+    manifest["verification"] = ["chain"]
+    (chain_only / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DFlashError, match="tree_budget: a torch engine verifies a chain only"):
+        render_repository(RepoConfig(chain_only, tmp_path / "repo", tree_budget=8))
+    render_repository(RepoConfig(chain_only, tmp_path / "repo", tree_budget=0))

@@ -1,5 +1,6 @@
-"""The rule a tree budget follows, without torch: the verification methods, the policy, the CLI and the repository
-renderer (which never loads torch) all check a budget here, with one message."""
+"""The rules of tree verification that need no torch: the verification methods, the policy, the CLI and the
+repository renderer (which never loads torch) check a budget here, with one message, and read here which
+runtimes can verify a tree."""
 
 from __future__ import annotations
 
@@ -11,3 +12,10 @@ def check_tree_budget(budget) -> int:
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise DFlashError(f"tree budget must be >= 0 (0 means the chain), got {budget!r}")
     return budget
+
+
+def verification_methods(runtime: str) -> list[str]:
+    """The verification methods (step/verify) an engine of `runtime` runs: every runtime verifies the chain; a
+    tree needs each slot's top-K candidates and explicit attention masks, which only the eager torch path gives
+    (the exported graphs return drafts only; TensorRT-LLM's DFlash verifies a chain)."""
+    return ["chain", "tree"] if runtime == "torch" else ["chain"]
