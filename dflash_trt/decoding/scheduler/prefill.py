@@ -5,6 +5,10 @@ and its columns are fed to the target a chunk at a time; each chunk sees the cac
 When the last chunk is in, the group becomes a RunningBatch of its own (its cache realigned to the left,
 target.batch_cache) with the first token of each request chosen, ready to take its first decoding step
 and then to join the running batch.
+
+With a prefix cache (prefix_cache.py), a request whose prompt starts with cached blocks is prefilled alone: its
+cache and its drafter features start with the cached blocks' and only the rest of the prompt is computed. A
+finished prefill stores its prompts' blocks (`store_prefixes`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 
 import torch
 
+from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
 from dflash_trt.decoding.step import logits_processors
 from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
@@ -22,7 +27,8 @@ from dflash_trt.decoding.step.sampling import choose_keyed
 class PrefillJob:
     """The prefill of `requests` (one group), advanced by `advance` once per scheduler step."""
 
-    def __init__(self, target, drafter, requests: list[Request], layer_ids):
+    def __init__(self, target, drafter, requests: list[Request], layer_ids, hit: PrefixHit | None = None):
+        """hit: cached blocks the (single) request's prompt starts with."""
         self.target, self.drafter, self.requests, self.layer_ids = target, drafter, requests, layer_ids
         device = target.device
         self.lengths = torch.tensor([len(r.prompt) for r in requests], device=device)
@@ -38,6 +44,18 @@ class PrefillJob:
         self._features: list[torch.Tensor] = []
         self._last_logits: torch.Tensor | None = None
         self.elapsed_s = 0.0
+        if hit is not None and hit.blocks:
+            self._start_from(hit)
+
+    def _start_from(self, hit: PrefixHit) -> None:
+        """Fill the cache and the features with the hit's blocks, as if their columns had been computed."""
+        if len(self.requests) != 1:
+            raise RuntimeError("a prefix hit is prefilled alone")  # internal invariant (Scheduler._admit)
+        for layer in range(len(hit.blocks[0].keys)):
+            self.cache.update(hit.keys(layer), hit.values(layer), layer)
+        if self.layer_ids:
+            self._features.append(hit.features())
+        self.done_columns = hit.num_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +81,16 @@ class PrefillJob:
             self._last_logits = out.logits[:, -1]
         self.elapsed_s += time.perf_counter() - start_time
 
+    def features(self) -> torch.Tensor | None:
+        """[B, width, F] the target features of every prompt position, left-aligned (row i of request b = prompt
+        position i), or None without a drafter."""
+        if not self._features:
+            return None
+        padded = torch.cat(self._features, dim=1)
+        index = (torch.arange(self.width, device=self.pad.device)[None, :] + self.pad[:, None]).clamp(
+            max=self.width - 1)
+        return torch.gather(padded, 1, index[:, :, None].expand(-1, -1, padded.shape[2]))
+
     def finish(self, capacity: int) -> tuple[RunningBatch, list[StepOutput]]:
         """The prefilled group as a batch, with each request's first token committed; capacity: KV slots a row
         may need at most (the longest reservation), for the target's and the drafter's caches."""
@@ -77,14 +105,18 @@ class PrefillJob:
             request.result.prefill_s = self.elapsed_s
             if not request.is_finished:  # a request aborted during its prefill gets no token
                 outputs.append(request.step_output(request.commit([first]), None))
-        features = None
-        if self._features:
-            # Left padding -> left-aligned context rows (row i of request b = prompt position i).
-            padded = torch.cat(self._features, dim=1)
-            index = (torch.arange(self.width, device=self.pad.device)[None, :] + self.pad[:, None]).clamp(
-                max=self.width - 1)
-            features = torch.gather(padded, 1, index[:, :, None].expand(-1, -1, padded.shape[2]))
+        features = self.features()
         draft_cache = self.drafter.new_cache(len(self.requests), capacity) if self.drafter else None
         cache = self.target.batch_cache(self.cache, self.lengths, capacity)
         batch = RunningBatch(list(self.requests), cache, first_tokens, features, self.lengths.clone(), draft_cache)
         return batch, outputs
+
+
+def store_prefixes(job: PrefillJob, cache: PrefixCache) -> None:
+    """Put the full prompt blocks of a finished prefill into the prefix cache (its rows are left-padded)."""
+    layers, features = job.cache.layers, job.features()
+    for row, request in enumerate(job.requests):
+        start, length = int(job.pad[row]), len(request.prompt)
+        keys = [layer.keys[row, :, start:start + length] for layer in layers]
+        values = [layer.values[row, :, start:start + length] for layer in layers]
+        cache.insert(request.prompt, keys, values, None if features is None else features[row, :length])

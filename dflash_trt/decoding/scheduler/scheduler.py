@@ -8,14 +8,16 @@
     scheduler.abort(rid)                  # leaves the batch before the next step
 
 One `step()`: finished and aborted rows leave the running batch (their memory is released); the running
-batch takes one decoding step (step.decode_step, verified by the scheduler's method) with the block size the
-policy picks for its size;
+batch takes one decoding step (step.decode_step) with the plan the policy picks for its size (plain, a chain
+of S tokens or a tree of B nodes, block_policy.py);
 then the prefill of waiting requests advances by one chunk of at most `prefill_chunk_tokens` tokens, so a
 long prompt stalls the running streams by a bounded amount per step. A prefilled group takes its first
 decoding step on its own (so the drafter takes in its prompt without widening the whole batch) and then
 joins the running batch. Requests are admitted in arrival order while the batch has fewer than
 `max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays within
-`max_kv_tokens`, which bounds the KV cache of target and drafter under any load.
+`max_kv_tokens`, which bounds the KV cache of target and drafter under any load. With a prefix cache
+(prefix_cache.py), a prompt that starts with cached blocks is prefilled alone from the end of its hit, and every
+finished prefill stores its prompts' blocks.
 
 Every request gets the tokens it gets alone: rows never see each other (masking, per-row positions), and
 sampled requests draw from their own position-keyed stream (sampling.choose_keyed), so neither the batch
@@ -32,7 +34,8 @@ from typing import Hashable, Sequence
 
 from dflash_trt.decoding.model.protocols import Drafter, Target
 from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, BlockSizePolicy, tree_budget_ladder
-from dflash_trt.decoding.scheduler.prefill import PrefillJob
+from dflash_trt.decoding.scheduler.prefill import PrefillJob, store_prefixes
+from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
 from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams
@@ -75,10 +78,12 @@ class Scheduler:
 
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
                  limits: SchedulerLimits | None = None, policy: BlockSizePolicy | None = None,
-                 method: VerifyMethod | None = None):
+                 method: VerifyMethod | None = None, prefix_cache: PrefixCache | None = None):
         """method: how drafts are verified (step/verify; default the chain). A tree method's budget is the cap of
         the default (adaptive) policy, which chooses per step among plain, chains and trees up to it; a pinned
-        policy (FixedBlockSize) runs `method` on every step unless it pins a tree budget of its own."""
+        policy (FixedBlockSize) runs `method` on every step unless it pins a tree budget of its own.
+        prefix_cache: reuse the KV and drafter features of cached prompt prefixes (prefix_cache.py; None: every
+        prompt is prefilled whole)."""
         self.target = target
         self.method = method or ChainVerify()
         self.max_block_size = resolve_block_size(drafter, block_size)
@@ -101,6 +106,7 @@ class Scheduler:
                 checked.check(target, self.drafter)
         # KV slots a row may write in one step: the largest verify any plan may run.
         self.verify_slots = max(m.verify_slots(self.max_block_size) for m in self._methods.values())
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Request] = deque()
         self.prefill: PrefillJob | None = None
         self.running: RunningBatch | None = None
@@ -204,11 +210,12 @@ class Scheduler:
                 self.running = None
 
     def _admit(self) -> None:
-        """Form the next prefill group from the head of the queue, within the limits."""
+        """Form the next prefill group from the head of the queue, within the limits. A request whose prompt
+        starts with cached prefix blocks is prefilled alone, from the end of its hit."""
         if self.prefill is not None or not self.waiting:
             return
         rows = list(self.running.requests) if self.running is not None else []
-        budget, group = self.limits.prefill_chunk_tokens, []
+        budget, group, hit = self.limits.prefill_chunk_tokens, [], None
         while self.waiting:
             head = self.waiting[0]
             size = len(rows) + len(group) + 1
@@ -220,11 +227,26 @@ class Scheduler:
             width = max(len(r.prompt) for r in group + [head])
             if group and budget is not None and (len(group) + 1) * width > budget:
                 break
+            head_hit = self._lookup(head)
+            if group and head_hit.blocks:
+                break  # it starts its own group next time
             group.append(self.waiting.popleft())
+            if head_hit.blocks:
+                hit = head_hit
+                break
             if budget is not None and len(head.prompt) >= budget:
                 break  # a long prompt is prefilled alone, a chunk per step
         if group:
-            self.prefill = PrefillJob(self.target, self.drafter, group, self.layer_ids)
+            self.prefill = PrefillJob(self.target, self.drafter, group, self.layer_ids, hit)
+
+    def _lookup(self, request: Request) -> PrefixHit:
+        """The cached blocks `request`'s prompt starts with (looked up once per request)."""
+        if self.prefix_cache is None:
+            return PrefixHit([])
+        if request.prefix_hit is None:
+            request.prefix_hit = self.prefix_cache.match(request.prompt)
+            request.result.num_cached_tokens = request.prefix_hit.num_tokens
+        return request.prefix_hit
 
     def _advance_prefill(self) -> list[StepOutput]:
         job = self.prefill
@@ -235,6 +257,10 @@ class Scheduler:
         if not job.is_done:
             return []
         self.prefill = None
+        if self.prefix_cache is not None:
+            store_prefixes(job, self.prefix_cache)
+        for request in job.requests:
+            request.prefix_hit = None  # the blocks were copied; the cache may evict them
         batch, outputs = job.finish(max(r.reserved_tokens for r in job.requests))
         batch.drop_finished()
         if batch.requests:

@@ -38,6 +38,7 @@ class Request:
         self.verify_slots = max(max_block_size, verify_slots or 0)
         self.reserved_tokens = len(self.prompt) + params.max_new_tokens + self.verify_slots  # KV slots at most
         self.decode_start = 0.0
+        self.prefix_hit = None  # the scheduler's prefix-cache lookup, until the prefill copied it
 
     @property
     def is_finished(self) -> bool:
@@ -76,7 +77,7 @@ class Request:
                     num_draft_tokens: int | None = None, num_accepted_drafts: int | None = None) -> StepOutput:
         done = self.is_finished
         return StepOutput(self.request_id, tokens, acceptance_length, done, self.result if done else None,
-                          num_draft_tokens, num_accepted_drafts)
+                          num_draft_tokens, num_accepted_drafts, self.result.num_cached_tokens)
 
 
 class RunningBatch:

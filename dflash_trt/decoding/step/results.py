@@ -23,6 +23,7 @@ class GenerationResult:
     draft_lengths: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    num_cached_tokens: int = 0  # prompt tokens served from the scheduler's prefix cache (not computed)
 
     @property
     def num_output_tokens(self) -> int:
@@ -70,6 +71,7 @@ class GenerationResult:
             "acceptance_rate": self.acceptance_rate,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
+            "num_cached_tokens": self.num_cached_tokens,
         }
 
 
@@ -86,3 +88,4 @@ class StepOutput:
     # Drafts this step accepted and committed: acceptance_length - 1, except for a step cut by max_new_tokens
     # or a stop token, where every committed token may be an accepted draft (None: acceptance_length - 1).
     num_accepted_drafts: int | None = None
+    num_cached_tokens: int = 0  # prompt tokens of this request served from the prefix cache

@@ -1,0 +1,170 @@
+"""The prefix cache (scheduler/prefix_cache.py): a request that reuses cached prompt blocks gets exactly what it
+gets without the cache: the same tokens, the same acceptance lengths and the same drafts at every step (the
+drafter's context is the full prefill's), for Llama, sliding-window Qwen3 and gpt-oss targets with DFlash,
+DFlash2 and sliding-window drafters; whole and partial block chains, a hit while the blocks' owner still runs, a
+multi-turn prompt that extends an earlier one; eviction keeps the cache within its bytes; a stale block breaks it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from joining_run import context_sensitive
+
+from dflash_trt.decoding.api import generate
+from dflash_trt.decoding.model.drafters import load_drafter
+from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
+from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
+from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+from dflash_trt.decoding.step import step as decoding
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.errors import DFlashError
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+BLOCK = 8
+BLOCK_TOKENS = 16
+MAX_NEW = 20
+ARRIVALS = {0: [0], 2: [1], 4: [2], 6: [3], 7: [4]}  # step -> requests arriving before it
+
+
+def family_target(family: str) -> TargetModel:
+    if family == "qwen3-sliding":
+        return TargetModel(make_tiny_target("qwen3", seed=4, use_sliding_window=True, sliding_window=6,
+                                            layer_types=["sliding_attention", "full_attention"] * 3))
+    return TargetModel(make_tiny_target(family, seed=4))
+
+
+def make_prompts(target: TargetModel) -> list[list[int]]:
+    """A 37-token system prompt shared by requests 0, 1 and 4; request 2 shares its first 30 tokens (one whole
+    block); request 3 is request 0's second turn (its prompt, its greedy answer, a new question)."""
+    g = torch.Generator().manual_seed(7)
+    system = torch.randint(0, 250, (37,), generator=g).tolist()
+    tails = [torch.randint(0, 250, (n,), generator=g).tolist() for n in (5, 9, 4, 6, 1)]
+    first = system + tails[0]
+    answer = generate(target, None, [first], SamplingParams(max_new_tokens=MAX_NEW), block_size=1)[0].token_ids
+    return [first, system + tails[1], system[:30] + tails[2], first + answer + tails[3], system + tails[4]]
+
+
+def run(target, drafter, prompts, cache: PrefixCache | None, monkeypatch, after_step=None, chunk=None) -> dict:
+    """Drive a scheduler through ARRIVALS; per request: tokens, acceptance lengths, every step's drafts and the
+    cached token count. Without chunking (chunk None) every prefill takes one step, hit or not, so both runs
+    batch the same rows at every step and even the drafts must agree to the bit; with chunked prefill a hit
+    finishes its prefill sooner and the batches differ, which leaves tokens exact but may flip a near-tie draft."""
+    drafts: dict = {}
+    original = decoding.draft_block
+
+    def recording_draft_block(target, drafter, batch, block_size, block_lens=None, top_k=0):
+        block, proposal = original(target, drafter, batch, block_size, block_lens, top_k)
+        for row, request in enumerate(batch.requests):
+            drafts.setdefault(request.request_id, []).append(block[row, 1:].tolist())
+        return block, proposal
+
+    monkeypatch.setattr(decoding, "draft_block", recording_draft_block)
+    scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=4, prefill_chunk_tokens=chunk),
+                          FixedBlockSize(BLOCK), prefix_cache=cache)
+    results, cached, step = {}, {}, 0
+    while step <= max(ARRIVALS) or scheduler.has_unfinished:
+        for i in ARRIVALS.get(step, []):
+            scheduler.add_request(prompts[i], SamplingParams(max_new_tokens=MAX_NEW), request_id=i)
+        for out in scheduler.step():
+            cached.setdefault(out.index, out.num_cached_tokens)
+            if out.is_final:
+                results[out.index] = out.result
+        if after_step is not None:
+            after_step(scheduler)
+        step += 1
+        assert step < 300, "the scheduler does not finish"
+    monkeypatch.undo()
+    return {"tokens": {i: r.token_ids for i, r in results.items()},
+            "acceptance": {i: r.acceptance_lengths for i, r in results.items()},
+            "drafts": drafts, "cached": cached,
+            "result_cached": {i: r.num_cached_tokens for i, r in results.items()}}
+
+
+def drafter_for(target, kind: str, tmp_path):
+    settings = {"dflash": {}, "dflash2": {"family": "dflash2"}, "sliding": {"sliding_window": 4}}[kind]
+    make_tiny_drafter(target.config, directory=tmp_path / kind, block_size=BLOCK, **settings)
+    drafter = load_drafter(tmp_path / kind)
+    return context_sensitive(drafter) if kind != "dflash2" else drafter
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3-sliding", "gpt_oss"])
+def family(request):
+    target = family_target(request.param)
+    return target, make_prompts(target)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "sliding"])
+def test_a_cache_hit_gives_the_same_tokens_acceptance_and_drafts(family, kind, tmp_path, monkeypatch):
+    target, prompts = family
+    drafter = drafter_for(target, kind, tmp_path)
+    without = run(target, drafter, prompts, None, monkeypatch)
+    cache = PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS)
+    with_cache = run(target, drafter, prompts, cache, monkeypatch)
+    for key in ("tokens", "acceptance", "drafts"):
+        assert with_cache[key] == without[key], key
+    # 0 fills the cache; 1 and 4 reuse its two whole system blocks (1 while 0 still runs), 2 one block (a
+    # partial chain), 3 (the second turn) every whole block of 0's prompt it starts with.
+    assert with_cache["cached"] == {0: 0, 1: 32, 2: 16, 3: 32, 4: 32}
+    assert with_cache["result_cached"] == with_cache["cached"] and set(without["cached"].values()) == {0}
+    assert cache.hits_tokens == 112 and cache.queries_tokens == sum(len(p) for p in prompts)
+
+
+def test_chunked_prefill_with_hits_gives_the_same_tokens(family, tmp_path, monkeypatch):
+    target, prompts = family
+    drafter = drafter_for(target, "dflash", tmp_path)
+    without = run(target, drafter, prompts, None, monkeypatch, chunk=24)
+    cache = PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS)
+    chunked = run(target, drafter, prompts, cache, monkeypatch, chunk=24)
+    assert chunked["tokens"] == without["tokens"]
+    assert chunked["cached"] == {0: 0, 1: 32, 2: 16, 3: 32, 4: 32}
+
+
+def test_eviction_keeps_the_cache_within_its_bytes_and_the_output_exact(family, tmp_path, monkeypatch):
+    target, prompts = family
+    drafter = drafter_for(target, "dflash", tmp_path)
+    without = run(target, drafter, prompts, None, monkeypatch)
+    probe = PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS)
+    run(target, drafter, prompts, probe, monkeypatch)
+    block_bytes = probe.bytes // len(probe.blocks)
+    cache = PrefixCache(max_bytes=3 * block_bytes, block_tokens=BLOCK_TOKENS)  # room for 3 of the 7 blocks
+
+    def within_budget(scheduler):
+        assert cache.bytes <= cache.max_bytes and len(cache.blocks) <= 3
+
+    evicting = run(target, drafter, prompts, cache, monkeypatch, after_step=within_budget)
+    for key in ("tokens", "acceptance", "drafts"):
+        assert evicting[key] == without[key], key
+    assert 0 < cache.hits_tokens < 112  # some hits survived, some blocks were evicted before their reuse
+
+
+def test_a_stale_block_changes_the_output(family, tmp_path, monkeypatch):
+    """Broken on purpose: a cache that matches blocks by position only (ignoring their tokens) reuses the system
+    prompt's blocks for a prompt that differs there; the test above would see the difference."""
+    target, prompts = family
+    drafter = drafter_for(target, "dflash", tmp_path)
+    changed = list(prompts)
+    changed[1] = [(t + 1) % 250 for t in prompts[1][:20]] + prompts[1][20:]  # differs inside both blocks
+    without = run(target, drafter, changed, None, monkeypatch)
+
+    class StaleCache(PrefixCache):
+        def match(self, prompt):
+            blocks = list(self.blocks.values())[:(len(prompt) - 1) // self.block_tokens]
+            ordered = sorted(blocks, key=lambda b: b.parent is not None)
+            return PrefixHit(ordered[:2])
+
+    stale = run(target, drafter, changed, StaleCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS), monkeypatch)
+    assert stale["tokens"][1] != without["tokens"][1] or stale["drafts"][1] != without["drafts"][1]
+
+
+def test_block_keys_chain_and_bad_settings_are_refused():
+    cache = PrefixCache(max_bytes=1 << 20, block_tokens=4)
+    a = cache.chain_keys([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    b = cache.chain_keys([0, 2, 3, 4, 5, 6, 7, 8])
+    assert len(a) == 2 and len(b) == 2  # full blocks only
+    assert a[1][1] == b[1][1] and a[1][0] != b[1][0]  # same tokens, other prefix: another key
+    with pytest.raises(DFlashError, match="max_bytes must be >= 1"):
+        PrefixCache(max_bytes=0)
+    with pytest.raises(DFlashError, match="block_tokens must be >= 1"):
+        PrefixCache(max_bytes=10, block_tokens=0)
