@@ -185,3 +185,39 @@ def test_the_static_verify_cache_takes_hits_too(tmp_path, monkeypatch):
     for key in ("tokens", "acceptance", "drafts"):
         assert with_cache[key] == without[key], key
     assert with_cache["cached"] == {0: 0, 1: 32, 2: 16, 3: 32, 4: 32}
+
+
+def test_under_load_a_small_hit_joins_the_group_and_a_large_one_is_prefilled_alone(tmp_path, monkeypatch):
+    """A hit is prefilled alone; while other requests wait, a hit below half of its prompt would cost a prefill
+    step of its own for little, so it is left unused and the request joins the group (tokens unchanged)."""
+    target = family_target("llama")
+    prompts = make_prompts(target)
+    drafter = drafter_for(target, "dflash", tmp_path)
+    cache = PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS)
+    scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=4), FixedBlockSize(BLOCK),
+                          prefix_cache=cache)
+    scheduler.add_request(prompts[0], SamplingParams(max_new_tokens=4), request_id="owner")
+    while scheduler.has_unfinished:
+        scheduler.step()
+    g = torch.Generator().manual_seed(3)
+    small = prompts[0][:16] + torch.randint(0, 250, (30,), generator=g).tolist()  # 16 of 46 tokens cached
+    large = prompts[0][:32] + [5, 6]  # 32 of 34 tokens cached
+    other = torch.randint(0, 250, (12,), generator=g).tolist()
+    for name, prompt in (("small", small), ("other", other), ("large", large)):
+        scheduler.add_request(prompt, SamplingParams(max_new_tokens=4), request_id=name)
+    import dflash_trt.decoding.scheduler.scheduler as scheduler_module
+
+    groups, job = [], scheduler_module.PrefillJob
+
+    def recording_job(target, drafter, requests, layer_ids, hit=None):
+        groups.append(sorted(r.request_id for r in requests))
+        return job(target, drafter, requests, layer_ids, hit)
+
+    monkeypatch.setattr(scheduler_module, "PrefillJob", recording_job)
+    cached = {}
+    while scheduler.has_unfinished:
+        for out in scheduler.step():
+            cached.setdefault(out.index, out.num_cached_tokens)
+    assert cached == {"small": 0, "other": 0, "large": 32}
+    assert ["large"] in groups and ["other", "small"] in groups
+    assert cache.hits_tokens == 32 and cache.queries_tokens == len(prompts[0]) + len(small) + len(other) + len(large)

@@ -94,7 +94,7 @@ class PrefixCache:
 
     def match(self, prompt: Sequence[int]) -> PrefixHit:
         """The longest chain of cached blocks `prompt` starts with, leaving at least its last token to compute;
-        counts the lookup (queries_tokens, hits_tokens) and marks the blocks used."""
+        marks the blocks used. The scheduler counts what it used (`record`)."""
         found: list[CachedBlock] = []
         parent = None
         for key, tokens in self.chain_keys(prompt[:-1]):
@@ -103,11 +103,13 @@ class PrefixCache:
                 break
             found.append(block)
             parent = key
-        hit = PrefixHit(found)
-        self.queries_tokens += len(prompt)
-        self.hits_tokens += hit.num_tokens
         self._touch(found)
-        return hit
+        return PrefixHit(found)
+
+    def record(self, prompt_tokens: int, reused_tokens: int) -> None:
+        """Count one admitted prompt: its tokens, and how many of them a hit served."""
+        self.queries_tokens += prompt_tokens
+        self.hits_tokens += reused_tokens
 
     def insert(self, prompt: Sequence[int], keys: list[torch.Tensor], values: list[torch.Tensor],
                features: torch.Tensor | None) -> None:

@@ -227,10 +227,11 @@ class Scheduler:
             width = max(len(r.prompt) for r in group + [head])
             if group and budget is not None and (len(group) + 1) * width > budget:
                 break
-            head_hit = self._lookup(head)
+            head_hit = self._usable_hit(head, alone=not group)
             if group and head_hit.blocks:
                 break  # it starts its own group next time
             group.append(self.waiting.popleft())
+            self._record_lookup(head, head_hit)
             if head_hit.blocks:
                 hit = head_hit
                 break
@@ -239,14 +240,22 @@ class Scheduler:
         if group:
             self.prefill = PrefillJob(self.target, self.drafter, group, self.layer_ids, hit)
 
-    def _lookup(self, request: Request) -> PrefixHit:
-        """The cached blocks `request`'s prompt starts with (looked up once per request)."""
+    def _usable_hit(self, request: Request, alone: bool) -> PrefixHit:
+        """The cached blocks `request`'s prompt starts with (looked up once per request), if its prefill should use
+        them. A hit is prefilled alone, so while others wait to be prefilled with it, a hit of less than half its
+        prompt is not worth a prefill step of its own: it joins the group and computes its whole prompt."""
         if self.prefix_cache is None:
             return PrefixHit([])
         if request.prefix_hit is None:
             request.prefix_hit = self.prefix_cache.match(request.prompt)
-            request.result.num_cached_tokens = request.prefix_hit.num_tokens
-        return request.prefix_hit
+        hit = request.prefix_hit
+        crowded = not alone or len(self.waiting) > 1
+        return hit if not crowded or 2 * hit.num_tokens >= len(request.prompt) else PrefixHit([])
+
+    def _record_lookup(self, request: Request, used: PrefixHit) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.record(len(request.prompt), used.num_tokens)
+            request.result.num_cached_tokens = used.num_tokens
 
     def _advance_prefill(self) -> list[StepOutput]:
         job = self.prefill
