@@ -52,9 +52,12 @@ def propose_by_length(drafts: Callable, block: torch.Tensor, features: torch.Ten
             topk_logprobs[rows, :length - 1] = result.topk_logprobs
         if result.children is not None:
             lattices.update({row: (result.children, local) for local, row in enumerate(rows.tolist())})
-    children = None
-    if lattices:
-        def children(row: int, slot: int, parent_token: int):
-            lattice, local = lattices[row]
-            return lattice(local, slot, parent_token)
-    return Proposal(drafted, candidates, q, topk_ids, topk_logprobs, children)
+    return Proposal(drafted, candidates, q, topk_ids, topk_logprobs, _merged_lattice(lattices) if lattices else None)
+
+
+def _merged_lattice(lattices: dict[int, tuple]) -> Callable:
+    """children(row, slot, parent_token) of the whole batch from each sub-batch's lattice."""
+    def children(row: int, slot: int, parent_token: int):
+        lattice, local = lattices[row]
+        return lattice(local, slot, parent_token)
+    return children

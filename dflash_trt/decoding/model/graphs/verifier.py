@@ -3,8 +3,9 @@
 `GraphedVerifier(target)` is the TargetModel the decoding loop and the scheduler take, unchanged: prefill still runs
 eagerly on a DynamicCache, but the decoding cache it makes is a StaticKVCache, and every forward over it runs as a
 StaticForward (static_kv_cache.py; a tree verify as a StaticTreeForward, its width padded to a bucket of node
-counts): shapes depend on (batch bucket, block size or tree bucket, capacity) only and nothing is read on the host. On CUDA, the second run of a (bucket, block size, feature layers) on the same buffers captures it in a
-CUDA graph and every later one replays it: the whole target forward (embedding, every layer's projections, the
+counts): shapes depend on (batch bucket, block size or tree bucket, capacity) only and nothing is read on the
+host. On CUDA, the second run of a (bucket, block size, feature layers) on the same buffers captures it in a CUDA
+graph and every later one replays it: the whole target forward (embedding, every layer's projections, the
 scatter of K/V, attention, MLPs, the head) becomes one launch. The first run stays eager, so shapes seen once (a
 prefilled group's first step before it joins the running batch, a block size the policy tries once) never pay a
 capture. All graphs share one memory pool; each replay's outputs are copied out at once (another graph's replay
