@@ -100,13 +100,15 @@ def test_a_broken_static_tree_changes_the_tokens(attribute, broken, method, monk
 def test_the_static_tree_verify_matches_the_eager_logits():
     """One tree verify of a two-row batch on both caches: the same logits at every real slot."""
     _, target, prompts, references = family_data("qwen3-sliding")
+    from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
     from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
     from dflash_trt.decoding.step.sampling import SamplingParams
 
     logits = {}
     for name, verifier in [("eager", target), ("static", GraphedVerifier(target, graphs=False))]:
         oracle = near_miss_oracle(target, prompts, references)
-        scheduler = Scheduler(verifier, oracle, BLOCK, SchedulerLimits(max_batch_size=2), method=TreeVerify(12))
+        scheduler = Scheduler(verifier, oracle, BLOCK, SchedulerLimits(max_batch_size=2), FixedBlockSize(BLOCK),
+                              TreeVerify(12))  # pinned: an adaptive policy's plans follow measured times
         captured = []
         forward = type(verifier).forward
 
