@@ -1,6 +1,6 @@
 """The dflash model's `tree_budget` parameter: rendered into the repository, honoured by the local runtimes (tree
-verification, plain decoding's tokens), refused in one line where a tree cannot run (trtllm, a target without explicit masks); the static (CUDA-graph)
-verify runs trees."""
+verification, plain decoding's tokens), refused in one line where a tree cannot run (trtllm, a target without
+explicit masks); the static (CUDA-graph) verify runs trees."""
 
 from __future__ import annotations
 
