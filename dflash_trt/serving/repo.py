@@ -105,8 +105,8 @@ def render_repository(config: RepoConfig) -> Path:
     config.validate()
     engine = load_engine(config.engine_dir, verify=False, load_models=False)
     if config.tree_budget and "tree" not in engine_verification(engine):
-        raise DFlashError(f"tree_budget: a {engine.runtime} engine verifies a chain only (a tree needs the torch "
-                          "runtime's per-slot candidates and explicit masks); set it to 0")
+        raise DFlashError(f"tree_budget: a {engine.runtime} engine verifies a chain only (its manifest lists no "
+                          "tree: rebuild it, or a trtllm engine never has one); set it to 0")
     context, max_tokens = engine_limits(engine)
     context -= max(0, config.tree_budget + 1 - engine.block_size)  # a tree verify writes budget + 1 slots
     context = config.max_context_tokens or context

@@ -199,6 +199,26 @@ def test_decoding_through_a_shortened_last_block_equals_the_pytorch_drafter(fake
     assert [r.acceptance_lengths for r in ours] == [r.acceptance_lengths for r in reference]
 
 
+def test_a_tree_with_the_tensorrt_drafter_equals_the_pytorch_drafters_tree(fake_trt, pair, tmp_path, cpu_library):
+    """The engine's states through the host head: each slot's top-K (DFlash2: the lattice), so the same tree."""
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.model.target import TargetModel
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.decoding.step.verify import TreeVerify
+
+    target_model, drafter = pair
+    target = TargetModel(target_model)
+    trt_drafter, _ = open_drafter(fake_trt, pair, tmp_path)
+    assert trt_drafter.proposes_top_k
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    params = [SamplingParams(max_new_tokens=n, stop_token_ids=()) for n in (7, 12)]  # a shortened last block
+    plain = generate(target, None, prompts, params, block_size=1)
+    ours = generate(target, trt_drafter, prompts, params, method=TreeVerify(10, 3))
+    reference = generate(target, drafter, prompts, params, method=TreeVerify(10, 3))
+    assert [r.token_ids for r in ours] == [r.token_ids for r in reference] == [r.token_ids for r in plain]
+    assert [r.acceptance_lengths for r in ours] == [r.acceptance_lengths for r in reference]
+
+
 @pytest.fixture(scope="module")
 def qwen3_target():
     # Built before the TensorRT stand-in is installed (transformers' lazy imports probe for `tensorrt`).

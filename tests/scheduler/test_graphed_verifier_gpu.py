@@ -83,3 +83,32 @@ def test_decoding_through_replayed_graphs_with_rows_joining_and_leaving_emits_gr
         assert step < 300
     assert replays > 0
     assert [tokens[i] for i in range(len(prompts))] == references
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-sliding"])
+def test_trees_through_replayed_graphs_give_plain_tokens(arch, monkeypatch):
+    """Tree verifies captured per node bucket and replayed: plain greedy tokens, the eager static tree's steps."""
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.model.graphs.static_kv_cache import StaticTreeForward
+    from dflash_trt.decoding.step.verify import TreeVerify
+
+    model = _model(arch)
+    target = TargetModel(model)
+    drafter = make_tiny_drafter(model.config, block_size=8).to("cuda")
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 250, (n,), generator=generator).tolist() for n in (3, 17, 9)]
+    params = [SamplingParams(max_new_tokens=n) for n in (40, 33, 25)]
+    plain = generate(target, None, prompts, params, block_size=1)
+    forwards = []
+    load_tree = StaticTreeForward.load_tree
+
+    def recording(forward, *args):
+        forwards.append(forward)
+        load_tree(forward, *args)
+
+    monkeypatch.setattr(StaticTreeForward, "load_tree", recording)
+    graphed = generate(GraphedVerifier(target), drafter, prompts, params, method=TreeVerify(12, 4))
+    eager = generate(GraphedVerifier(target, graphs=False), drafter, prompts, params, method=TreeVerify(12, 4))
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in plain] == [r.token_ids for r in eager]
+    assert [r.acceptance_lengths for r in graphed] == [r.acceptance_lengths for r in eager]
+    assert any(forward.graph is not None for forward in forwards), "no tree verify was captured"

@@ -31,6 +31,18 @@ def test_the_onnx_engine_generates_the_same_tokens_as_torch(onnx_pair_engines):
     assert tokens(onnx_runtime) == tokens(torch_runtime)
 
 
+def test_an_onnx_engine_verifies_trees_with_plain_tokens(onnx_pair_engines, tmp_path):
+    """The manifest lists the tree, the repository takes tree_budget, and the runtime's trees give plain tokens."""
+    from dflash_trt.engine.manifest import read_manifest
+
+    assert read_manifest(onnx_pair_engines["onnx"], verify=False)["verification"] == ["chain", "tree"]
+    render_repository(RepoConfig(onnx_pair_engines["onnx"], tmp_path / "repo", tree_budget=12))
+    plain = open_runtime(onnx_pair_engines["torch"], num_threads=1, block_size=1)
+    tree = open_runtime(onnx_pair_engines["onnx"], num_threads=1, tree_budget=12)
+    assert type(tree.drafter).__name__ == "OnnxDrafter" and tree.new_scheduler().method.budget == 12
+    assert tokens(tree) == tokens(plain)
+
+
 @pytest.mark.slow
 def test_a_served_onnx_engine_answers_like_the_torch_runtime(onnx_pair_engines, tmp_path):
     prompt = "The served onnx drafter"

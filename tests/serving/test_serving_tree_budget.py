@@ -1,5 +1,6 @@
 """The dflash model's `tree_budget` parameter: rendered into the repository, honoured by the local runtimes (tree
-verification, plain decoding's tokens), refused in one line where a tree cannot run (trtllm, static caches)."""
+verification, plain decoding's tokens), refused in one line where a tree cannot run (trtllm, a target without
+explicit masks); the static (CUDA-graph) verify runs trees."""
 
 from __future__ import annotations
 
@@ -46,14 +47,16 @@ def test_a_tree_runtime_verifies_trees_and_gives_plain_tokens(tiny_engine):
     assert tokens(tree) == tokens(chain) == tokens(plain)
 
 
-def test_trtllm_and_static_caches_refuse_a_tree_in_one_line(tiny_engine, monkeypatch, tmp_path):
+def test_trtllm_and_targets_without_masks_refuse_a_tree_in_one_line(tiny_engine, monkeypatch, tmp_path):
     import dflash_trt.engine
+    from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
 
     runtime = open_runtime(tiny_engine, num_threads=1)
+    TreeVerify(8).check(GraphedVerifier(runtime.target, graphs=False), runtime.drafter)  # the static verify: trees
     monkeypatch.setattr(runtime.target, "takes_explicit_masks", False, raising=False)
     monkeypatch.setattr(dflash_trt.engine, "load_engine", lambda *args, **kwargs: SimpleNamespace(
         runtime="torch", block_size=8, drafter=runtime.drafter, target=runtime.target, directory=tiny_engine))
-    with pytest.raises(DFlashError, match="static \\(CUDA-graph\\) verify cache"):
+    with pytest.raises(DFlashError, match="needs explicit attention masks, which this TargetModel does not run"):
         open_runtime(tiny_engine, num_threads=1, tree_budget=8)
     monkeypatch.setattr(dflash_trt.engine, "load_engine", lambda *args, **kwargs: SimpleNamespace(
         runtime="trtllm", block_size=8))

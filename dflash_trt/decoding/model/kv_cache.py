@@ -94,6 +94,8 @@ class MaskSpec:
 class BatchKVCache:
     """Per-layer KV buffers of a batch, row b valid below lengths[b] (module docstring)."""
 
+    static_shapes = False  # StaticKVCache: a forward's shapes must come from a few buckets (a tree's width too)
+
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor, spec: MaskSpec,
                  capacity_limit: int):
         self.keys, self.values = keys, values  # [rows allocated, H, capacity, D] each
@@ -173,19 +175,10 @@ class BatchKVCache:
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """(seen [B, T, W], position distance [B, T, W]) for new tokens at `positions` under `block_mask`."""
         device = self.lengths.device
-        slots = torch.arange(width, device=device)[None, :]  # [1, W]
-        new_index = slots - self.lengths[:, None]  # [B, W]: which new token a slot holds (< 0: committed)
-        is_new = (new_index >= 0) & (new_index < num_new)
-        # A committed slot's position is its index; a new slot's is its token's position.
-        slot_positions = torch.where(is_new, positions.gather(1, new_index.clamp(0, num_new - 1)), slots)
-        distance = positions[:, :, None] - slot_positions[:, None, :]  # [B, T, W]
-        committed = (slots < self.lengths[:, None])[:, None, :]
         if block_mask is None:
             block_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()[None].expand(
                 len(self), -1, -1)
-        among_new = block_mask.gather(2, new_index.clamp(0, num_new - 1)[:, None, :].expand(-1, num_new, -1))
-        seen = committed | (is_new[:, None, :] & among_new)
-        return seen, distance
+        return explicit_masks(torch.arange(width, device=device), self.lengths, positions, block_mask)
 
     def _format(self, allowed: torch.Tensor) -> torch.Tensor:
         allowed = allowed[:, None]  # [B, 1, T, W]: the same for every head
@@ -287,3 +280,25 @@ class BatchKVCache:
 
         self.keys = [moved(k) for k in self.keys]
         self.values = [moved(v) for v in self.values]
+
+
+def explicit_masks(slots: torch.Tensor, lengths: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen [B, T, W], position distance [B, T, W]) of T new tokens per row written at slots lengths[b] + t, at
+    `positions` [B, T], attending to the new tokens `block_mask` [B, T, T] allows and to every committed slot.
+
+    slots [W]: the slot indices attended over. Host-free and shaped by its inputs only, so the static verify
+    (graphs/static_kv_cache.py) computes its tree masks with it too.
+    """
+    num_new = positions.shape[1]
+    slots = slots[None, :]  # [1, W]
+    new_index = slots - lengths[:, None]  # [B, W]: which new token a slot holds (< 0: committed)
+    is_new = (new_index >= 0) & (new_index < num_new)
+    new_index = new_index.clamp(0, num_new - 1)
+    # A committed slot's position is its index; a new slot's is its token's position.
+    slot_positions = torch.where(is_new, positions.gather(1, new_index), slots)
+    distance = positions[:, :, None] - slot_positions[:, None, :]  # [B, T, W]
+    committed = (slots < lengths[:, None])[:, None, :]
+    among_new = block_mask.gather(2, new_index[:, None, :].expand(-1, num_new, -1))
+    seen = committed | (is_new[:, None, :] & among_new)
+    return seen, distance

@@ -16,6 +16,7 @@ def check_tree_budget(budget) -> int:
 
 def verification_methods(runtime: str) -> list[str]:
     """The verification methods (step/verify) an engine of `runtime` runs: every runtime verifies the chain; a
-    tree needs each slot's top-K candidates and explicit attention masks, which only the eager torch path gives
-    (the exported graphs return drafts only; TensorRT-LLM's DFlash verifies a chain)."""
-    return ["chain", "tree"] if runtime == "torch" else ["chain"]
+    tree needs each slot's top-K candidates and an ancestor mask in the target's verify, which the torch target
+    runs for every drafter runtime (torch, onnx, tensorrt: the exported drafters rank their candidates on the
+    host); TensorRT-LLM's DFlash verifies a chain only."""
+    return ["chain"] if runtime == "trtllm" else ["chain", "tree"]

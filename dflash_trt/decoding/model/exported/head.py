@@ -3,7 +3,9 @@
 The graph maps block embeddings to final-normed block states. Before it: the drafter's `embed_block` (the
 target's embeddings, times input_embedding_scale). After it: the drafter's `choose_drafts` (the argmax of
 the draft logits for DFlash; DFlash2's candidate-selector walk, a short sequential loop that samples at
-T > 0). Both are the torch drafter's own code, so an exported drafter drafts what the torch one drafts.
+T > 0). Both are the torch drafter's own code, so an exported drafter drafts what the torch one drafts. A tree's
+per-slot top-K comes from the same host part (DFlash: each slot's marginal top-K of the draft logits; DFlash2:
+the selector's lattice), so the graph exports nothing more and its trees equal the torch drafter's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class ExportedDrafter:
     `__call__(block_embeds, features, ctx_lens, cache) -> hidden [B,S,D]` and set `head`."""
 
     head: DrafterBase
-    proposes_top_k = False  # a tree needs the per-slot top-K, which this host path does not produce yet
+    proposes_top_k = True  # the host part ranks each slot's candidates (module docstring)
 
     @property
     def config(self):
@@ -55,16 +57,16 @@ class ExportedDrafter:
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor, cache,
                 block_lens: torch.Tensor | None = None,
-                sampling: Sequence[RowSampling] | None = None) -> Proposal:
-        """Drafts for block slots 1..S-1, as DrafterBase.propose.
+                sampling: Sequence[RowSampling] | None = None, top_k: int = 0) -> Proposal:
+        """Drafts for block slots 1..S-1, as DrafterBase.propose (top_k > 0: each slot's top-K candidates too).
 
         The graph has no block mask, so rows whose (shortened last) block is shorter run as their own
         batch on their own block length: each row drafts exactly what it would alone.
         """
-        return propose_by_length(partial(self._drafts, target), block, features, ctx_lens, cache, block_lens,
+        return propose_by_length(partial(self._drafts, target, top_k), block, features, ctx_lens, cache, block_lens,
                                  sampling)
 
-    def _drafts(self, target, block, features, ctx_lens, cache, sampling):
+    def _drafts(self, target, top_k, block, features, ctx_lens, cache, sampling):
         hidden = self(self.head.embed_block(target, block), features, ctx_lens, cache)
         hidden = hidden.to(block.device, next(self.head.parameters()).dtype)
-        return self.head.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, None)
+        return self.head.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, None, top_k)

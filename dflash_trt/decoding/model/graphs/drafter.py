@@ -215,7 +215,7 @@ class GraphedDrafter:
     block width) on CUDA (module docstring). It implements protocols.Drafter."""
 
     static_block_size = None  # one graph per block width: any size drafts
-    proposes_top_k = False  # its static buffers serve the chain only (the static verify runs no tree)
+    proposes_top_k = True  # the wrapped drafter's family ranks each slot's candidates from the graph's states
 
     def __init__(self, drafter, graphs: bool | None = None):
         self.drafter = drafter
@@ -267,10 +267,11 @@ class GraphedDrafter:
 
     @torch.inference_mode()
     def propose(self, target, block: torch.Tensor, features: torch.Tensor, ctx_lens: torch.Tensor,
-                cache: StaticDraftCache, block_lens: torch.Tensor | None = None, sampling=None):
-        """The Proposal for block slots 1..W-1, as the wrapped drafter's propose (its family chooses the drafts)."""
+                cache: StaticDraftCache, block_lens: torch.Tensor | None = None, sampling=None, top_k: int = 0):
+        """The Proposal for block slots 1..W-1, as the wrapped drafter's propose (its family chooses the drafts,
+        and with top_k > 0 each slot's top-K candidates for a tree)."""
         hidden = self(self.drafter.embed_block(target, block), features, ctx_lens, cache, block_lens)
-        return self.drafter.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens)
+        return self.drafter.choose_drafts(target, hidden[:, 1:], block[:, 0], sampling, block_lens, top_k)
 
     def parameters(self):
         return self.drafter.parameters()

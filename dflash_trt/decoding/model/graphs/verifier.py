@@ -2,9 +2,10 @@
 
 `GraphedVerifier(target)` is the TargetModel the decoding loop and the scheduler take, unchanged: prefill still runs
 eagerly on a DynamicCache, but the decoding cache it makes is a StaticKVCache, and every forward over it runs as a
-StaticForward (static_kv_cache.py): shapes depend on (batch bucket, block size, capacity) only and nothing is read
-on the host. On CUDA, the second run of a (bucket, block size, feature layers) on the same buffers captures it in a
-CUDA graph and every later one replays it: the whole target forward (embedding, every layer's projections, the
+StaticForward (static_kv_cache.py; a tree verify as a StaticTreeForward, its width padded to a bucket of node
+counts): shapes depend on (batch bucket, block size or tree bucket, capacity) only and nothing is read on the
+host. On CUDA, the second run of a (bucket, block size, feature layers) on the same buffers captures it in a CUDA
+graph and every later one replays it: the whole target forward (embedding, every layer's projections, the
 scatter of K/V, attention, MLPs, the head) becomes one launch. The first run stays eager, so shapes seen once (a
 prefilled group's first step before it joins the running batch, a block size the policy tries once) never pay a
 capture. All graphs share one memory pool; each replay's outputs are copied out at once (another graph's replay
@@ -26,7 +27,7 @@ import torch
 
 from dflash_trt.decoding.model.graphs.capture import GraphPool
 from dflash_trt.decoding.model.graphs.drafter import bucket_for
-from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache
+from dflash_trt.decoding.model.graphs.static_kv_cache import StaticForward, StaticKVCache, StaticTreeForward
 from dflash_trt.decoding.model.target import TargetModel, TargetOutput
 from dflash_trt.errors import CompatibilityError
 
@@ -53,7 +54,7 @@ def capture_blockers(model) -> list[str]:
 class GraphedVerifier(TargetModel):
     """A TargetModel whose decoding forwards run static-shape, replaying one CUDA graph per bucket on CUDA."""
 
-    takes_explicit_masks = False  # StaticKVCache runs chains only
+    takes_explicit_masks = True  # a tree runs as a StaticTreeForward, its ancestor mask an input buffer
 
     def __init__(self, target: TargetModel, graphs: bool | None = None):
         super().__init__(target.model, target.tokenizer, target.source)
@@ -78,12 +79,17 @@ class GraphedVerifier(TargetModel):
         if not isinstance(cache, StaticKVCache):
             return super().forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids, last_only)
         n, num_new = token_ids.shape
-        cache.take_preparation(num_new)
-        key = (bucket_for(n), num_new, tuple(feature_layer_ids))
+        block_mask = cache.take_preparation(num_new)
+        tree = block_mask is not None  # a tree's width comes padded to a bucket (static_kv_cache.tree_nodes_bucket)
+        key = (bucket_for(n), num_new, tuple(feature_layer_ids), tree)
         step = cache.forwards.get(key)
         if step is None:
-            step = cache.forwards[key] = StaticForward(self, cache, key[0], num_new, feature_layer_ids)
-        step.load(token_ids, position_ids)
+            kind = StaticTreeForward if tree else StaticForward
+            step = cache.forwards[key] = kind(self, cache, key[0], num_new, feature_layer_ids)
+        if tree:
+            step.load_tree(token_ids, position_ids, cache.lengths, block_mask)
+        else:
+            step.load(token_ids, position_ids)
         logits, features = self._run(step, cache)
         logits = logits[:n, -1:] if last_only else logits[:n]
         return TargetOutput(logits.to(torch.float32, copy=True), None if features is None else features[:n].clone())

@@ -10,7 +10,9 @@ rank path, so the tree is deterministic. Nodes come out parents first; siblings 
 
 The verify forward: slot 0 is the root (the last committed token), then the nodes; node i sits at position
 next_pos + depth_i and sees its ancestors and itself (on sliding layers, measured between positions). Rows
-with fewer nodes are padded with dummy nodes that see only themselves; nothing reads their outputs.
+with fewer nodes are padded with dummy nodes that see only themselves; nothing reads their outputs. On the static
+(CUDA-graph) cache every row is padded further, to a bucket of node counts (powers of two up to the budget), so a
+graph per bucket is captured.
 
 Acceptance walks from the root: at each node the target's choice (its argmax, or for a sampled request the keyed
 sample of output index len(tokens so far) + depth, sampling.choose_keyed) is looked up among the node's children;
@@ -29,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from dflash_trt.decoding.model.graphs.static_kv_cache import tree_nodes_bucket
 from dflash_trt.decoding.model.protocols import Proposal
 from dflash_trt.decoding.step import logits_processors
 from dflash_trt.decoding.step.sampling import choose_keyed
@@ -138,8 +141,8 @@ class TreeVerify:
     def check(self, target, drafter) -> None:
         """Refuse, in one line, a target or drafter that cannot run a tree."""
         if not target.takes_explicit_masks:
-            raise DFlashError("tree verification needs explicit attention masks, which the static (CUDA-graph) "
-                              "verify cache does not run; use the eager torch runtime or --tree-budget 0")
+            raise DFlashError(f"tree verification needs explicit attention masks, which this {type(target).__name__} "
+                              "does not run; use the torch target or --tree-budget 0")
         if drafter is not None and not drafter.proposes_top_k:
             raise DFlashError(f"tree verification needs each slot's top-K candidates, which this "
                               f"{type(drafter).__name__} does not propose; use --runtime torch or --tree-budget 0")
@@ -150,7 +153,10 @@ class TreeVerify:
             return self._chain.layout(batch, block, block_lens, proposal)
         trees = [build_tree(_row_children(proposal, row), int(block[row, 0]), int(length) - 1, self.budget)
                  for row, length in enumerate(block_lens.tolist())]
-        width = 1 + max(len(tree) for tree in trees)
+        nodes = max(len(tree) for tree in trees)
+        if batch.cache.static_shapes:  # the static (CUDA-graph) verify: one captured width per bucket of nodes
+            nodes = tree_nodes_bucket(nodes, self.budget)
+        width = 1 + nodes
         rows, device = len(trees), block.device
         tokens = block[:, :1].repeat(1, width)  # dummies hold the anchor; their outputs are never read
         depths = torch.zeros(rows, width, dtype=torch.long)
