@@ -24,6 +24,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="compute dtype (default: float32, exact on CPU)")
+    parser.add_argument("--weights", choices=("float", "gguf", "auto"), default="float",
+                        help="target weights: float (default) = dequantized to --dtype; gguf = a .gguf target's "
+                             "linear layers at the GGUF's own precision (int4 kernels, CPU); auto = gguf for a "
+                             ".gguf target on CPU in float32, else float")
     parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                         help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
@@ -79,7 +83,7 @@ def load_pair(args):
     hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
     apply_to_args(args)  # --speculative-config sets --drafter and --block-size
     dtype = getattr(torch, args.dtype)
-    target = load_target(args.target, dtype=dtype)
+    target = load_target(args.target, dtype=dtype, weights=getattr(args, "weights", "float"))
     if args.drafter and getattr(args, "runtime", "torch") == "onnx":
         from dflash_trt.decoding.model.exported.onnx import load_onnx_drafter
 

@@ -45,6 +45,7 @@ def run(args) -> int:
                            verify_method(args), args.block_policy)
     print(file=sys.stderr)
     summary = report.to_dict()
+    summary["memory_traffic"] = _memory_traffic(target, summary)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -56,6 +57,23 @@ def run(args) -> int:
         print(f"tau {summary['tau']:.2f}   speedup {summary['speedup']:.2f}x   "
               f"TPOT {summary['tpot_ms']['dflash']:.1f} ms vs {summary['tpot_ms']['baseline']:.1f} ms   "
               f"identical outputs: {'yes' if summary['identical'] else 'NO'}")
+        traffic = summary["memory_traffic"]
+        print(f"target weights per step {traffic['weight_mb_per_step']:.1f} MB: per token "
+              f"{traffic['mb_per_token']['dflash']:.1f} MB (DFlash) vs {traffic['mb_per_token']['baseline']:.1f} MB, "
+              f"implying {traffic['gb_per_s']['dflash']:.1f} vs {traffic['gb_per_s']['baseline']:.1f} GB/s")
         print("acceptance length histogram: " +
               " ".join(f"{k}:{v}" for k, v in summary["acceptance_histogram"].items()))
     return 0
+
+
+def _memory_traffic(target, summary: dict) -> dict:
+    """Target weight bytes each step reads, per output token, and the bandwidth the measured TPOT implies.
+
+    One target forward per step; DFlash emits tau tokens per step, plain decoding one.
+    """
+    from dflash_trt.decoding.model.gguf_weights import weight_bytes_per_step
+
+    megabytes = weight_bytes_per_step(target.model) / 1e6
+    per_token = {"dflash": megabytes / max(summary["tau"], 1e-9), "baseline": megabytes}
+    return {"weight_mb_per_step": megabytes, "mb_per_token": per_token,
+            "gb_per_s": {mode: per_token[mode] / summary["tpot_ms"][mode] for mode in per_token}}

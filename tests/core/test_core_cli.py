@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from dflash_trt.cli import main
 
@@ -119,6 +120,12 @@ def test_bench_reports_tau_speedup_and_identity(tiny_text_pair_dir, tmp_path, ca
     assert out["tau"] >= 1.0 and out["speedup"] > 0
     assert sum(out["acceptance_histogram"].values()) > 0 and set(out["acceptance_histogram"]) == {"1", "2", "3", "4"}
     assert out["tree_budget"] == 0
+    # Every linear layer of the target once per step (float32 here), and tau tokens per DFlash step.
+    from dflash_trt.decoding.model.target import load_target
+    linears = [m for m in load_target(tiny_text_pair_dir / "target").model.modules() if isinstance(m, torch.nn.Linear)]
+    traffic = out["memory_traffic"]
+    assert traffic["weight_mb_per_step"] == pytest.approx(sum(4 * m.weight.numel() for m in linears) / 1e6)
+    assert traffic["mb_per_token"]["dflash"] == pytest.approx(traffic["weight_mb_per_step"] / out["tau"])
     main(["bench", "--target", str(tiny_text_pair_dir / "target"), "--drafter", str(tiny_text_pair_dir / "drafter"),
           "--prompts", str(prompts), "--max-new-tokens", "6", "--json", "--tree-budget", "12"])
     tree = json.loads(capsys.readouterr().out)

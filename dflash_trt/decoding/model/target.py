@@ -77,7 +77,8 @@ class TargetModel:
         Lossless: drafts are only proposals that the (unchanged) target verifies. Returns whether it applies.
         """
         head = self.model.get_output_embeddings()
-        if (head is None or getattr(head, "bias", None) is not None or head.weight.device.type != "cpu"
+        if (head is None or not isinstance(head, nn.Linear) or head.bias is not None
+                or head.weight.device.type != "cpu"
                 or head.weight.dtype != torch.float32 or not bf16_packing_available()):
             return False
         self._draft_head = BF16Head(head.weight)
@@ -171,16 +172,23 @@ def _decoder_layers(model: nn.Module, source: str) -> nn.ModuleList:
     return layers
 
 
+WEIGHTS = ("auto", "float", "gguf")
+
+
 def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu", pack: bool = True) -> TargetModel:
+                device: torch.device | str = "cpu", pack: bool = True, weights: str = "float") -> TargetModel:
     """Load a Hugging Face causal LM from a model directory or a .gguf file (dequantized to `dtype`).
 
     pack: CPU float32 linear layers are packed for oneDNN (cpu_linear.py). Pass False when the model is
     about to be transformed module by module (ModelOpt quantization replaces nn.Linear by exact type).
+    weights: "float" computes with the float weights; "gguf" runs a .gguf target's linear layers at the
+    GGUF's own precision (gguf_weights.py; CPU, float32 activations); "auto" is "gguf" for a .gguf file on
+    CPU in float32, else "float".
     """
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
+    shipped = _shipped_precision(weights, path, dtype, device)
     kwargs: dict = {}
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -191,11 +199,26 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
             raise ConfigError(f"{path}: not a model directory (no config.json)")
         directory = path
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs).to(device)
+    if shipped:
+        from dflash_trt.decoding.model.gguf_weights import quantize_like_gguf
+
+        quantize_like_gguf(model, path)
     if pack:
         pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
     target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
     target.use_bf16_draft_head()
     return target
+
+
+def _shipped_precision(weights: str, path: Path, dtype: torch.dtype, device) -> bool:
+    """Whether load_target runs the GGUF's own precision (see its `weights` argument)."""
+    if weights not in WEIGHTS:
+        raise ConfigError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    usable = path.suffix == ".gguf" and dtype == torch.float32 and torch.device(device).type == "cpu"
+    if weights == "gguf" and not usable:
+        raise ConfigError(f"{path}: --weights gguf needs a .gguf target on CPU with --dtype float32; "
+                          "use --weights float")
+    return weights == "gguf" or (weights == "auto" and usable)
 
 
 # Files that hold a vocabulary. Without one, transformers 5 still builds a tokenizer for some
