@@ -11,7 +11,7 @@ from dflash_trt.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SUMMARY_KEYS = {"engine", "block_size", "machine", "settings", "tau", "speedup", "identical",
-                "acceptance_histogram", "sweep", "per_family", "serving"}
+                "acceptance_histogram", "sweep", "per_family", "serving", "multi_turn"}
 FIGURE_KEYS = {"block_size", "num_prompts", "tau", "speedup", "identical", "acceptance_histogram", "tpot_ms"}
 
 
@@ -28,6 +28,7 @@ def test_short_run_succeeds_and_writes_the_summary(short_run):
     summary = json.loads((out / "summary.json").read_text())
     assert code == 0
     assert set(summary) == SUMMARY_KEYS and summary["serving"] is None
+    assert summary["multi_turn"] is None  # the prompt sets hold no multi-turn conversations
     assert summary["block_size"] == 4 and summary["identical"] is True
 
 
