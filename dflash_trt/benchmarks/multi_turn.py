@@ -16,6 +16,7 @@ prompt tokens looked up) and the cache's peak bytes, checked against its budget.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.errors import DFlashError
 
 MULTI_TURN_FAMILY = "sharegpt-multiturn"
+ROUTINGS = ("affinity", "random")
 
 
 @dataclass
@@ -107,52 +109,63 @@ def load_conversations(prompts_dir: Path, num_conversations: int, family: str = 
 
 
 def replay(target, drafter, conversations: list[Conversation], params: SamplingParams, block_size: int,
-           concurrency: int, prefix_cache_bytes: int, max_turns: int = 0) -> ReplayRun:
-    """Serve every conversation turn by turn through one Scheduler, `concurrency` conversations at once.
-    prefix_cache_bytes 0: no prefix cache. max_turns 0: every user turn of each conversation."""
-    if concurrency < 1:
-        raise DFlashError(f"multi-turn concurrency must be >= 1, got {concurrency}")
-    cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-    scheduler = Scheduler(target, drafter, block_size, SchedulerLimits(max_batch_size=concurrency),
-                          FixedBlockSize(block_size), prefix_cache=cache)
+           concurrency: int, prefix_cache_bytes: int, max_turns: int = 0, replicas: int = 1,
+           routing: str = "affinity") -> ReplayRun:
+    """Serve every conversation turn by turn, `concurrency` conversations at once. prefix_cache_bytes 0: no prefix
+    cache. max_turns 0: every user turn of each conversation.
+
+    replicas > 1: that many Schedulers, each with its own cache, stand for the pods behind a Service; routing
+    "affinity" sends every turn of a conversation to one replica (session affinity), "random" sends each turn to
+    a replica drawn at random (seeded), as a Service without affinity spreads requests."""
+    if concurrency < 1 or replicas < 1:
+        raise DFlashError(f"multi-turn concurrency and replicas must be >= 1, got {concurrency} and {replicas}")
+    if routing not in ROUTINGS:
+        raise DFlashError(f"multi-turn routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    caches = [PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None for _ in range(replicas)]
+    schedulers = [Scheduler(target, drafter, block_size, SchedulerLimits(max_batch_size=concurrency),
+                            FixedBlockSize(block_size), prefix_cache=cache) for cache in caches]
+    draw = random.Random(0)
     run = ReplayRun(concurrency, prefix_cache_bytes)
     histories: dict[int, list[dict]] = {}
-    # request id -> conversation, turn, prompt tokens, sent at, [TTFT once the first token came]
-    in_flight: dict[object, tuple[int, int, int, float, list]] = {}
+    # (replica, request id) -> conversation, turn, prompt tokens, sent at, [TTFT once the first token came]
+    in_flight: dict[tuple[int, object], tuple[int, int, int, float, list]] = {}
     queue = deque(range(len(conversations)))
 
     def send(index: int, turn: int) -> None:
         user = {"role": "user", "content": conversations[index].user_turns[turn - 1]}
         histories[index] = histories.get(index, []) + [user]
         prompt = encode_prompt(target, histories[index], chat=True)
-        request_id = scheduler.add_request(prompt, params)
-        in_flight[request_id] = (index, turn, len(prompt), time.perf_counter(), [])
+        replica = index % replicas if routing == "affinity" else draw.randrange(replicas)
+        request_id = schedulers[replica].add_request(prompt, params)
+        in_flight[replica, request_id] = (index, turn, len(prompt), time.perf_counter(), [])
 
     started = time.perf_counter()
     while queue and len(in_flight) < concurrency:
         send(queue.popleft(), 1)
-    while scheduler.has_unfinished:
-        outputs = scheduler.step()
-        now = time.perf_counter()
-        if cache is not None:
-            run.peak_cache_bytes = max(run.peak_cache_bytes, cache.bytes)
-        for out in outputs:
-            index, turn, prompt_tokens, sent_at, first = in_flight[out.index]
-            if not first:
-                first.append(now - sent_at)
-            if not out.is_final:
+    while any(scheduler.has_unfinished for scheduler in schedulers):
+        for replica, scheduler in enumerate(schedulers):
+            if not scheduler.has_unfinished:
                 continue
-            del in_flight[out.index]
-            result = out.result
-            run.turns.append(TurnRecord(index, turn, prompt_tokens, result.num_cached_tokens, first[0],
-                                        list(result.token_ids), list(result.acceptance_lengths), result.tau))
-            answer = target.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-            histories[index] = histories[index] + [{"role": "assistant", "content": answer}]
-            turns = len(conversations[index].user_turns)
-            if turn < (min(turns, max_turns) if max_turns else turns):
-                send(index, turn + 1)
-            elif queue:
-                send(queue.popleft(), 1)
+            outputs = scheduler.step()
+            now = time.perf_counter()
+            run.peak_cache_bytes = max(run.peak_cache_bytes, sum(cache.bytes for cache in caches if cache))
+            for out in outputs:
+                index, turn, prompt_tokens, sent_at, first = in_flight[replica, out.index]
+                if not first:
+                    first.append(now - sent_at)
+                if not out.is_final:
+                    continue
+                del in_flight[replica, out.index]
+                result = out.result
+                run.turns.append(TurnRecord(index, turn, prompt_tokens, result.num_cached_tokens, first[0],
+                                            list(result.token_ids), list(result.acceptance_lengths), result.tau))
+                answer = target.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                histories[index] = histories[index] + [{"role": "assistant", "content": answer}]
+                turns = len(conversations[index].user_turns)
+                if turn < (min(turns, max_turns) if max_turns else turns):
+                    send(index, turn + 1)
+                elif queue:
+                    send(queue.popleft(), 1)
     run.wall_s = time.perf_counter() - started
     run.turns.sort(key=lambda t: (t.conversation, t.turn))
     return run
@@ -231,3 +244,41 @@ def _ratio(numerator, denominator):
 def _pair(values: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     return f"{fmt(values['p50'])} / {fmt(values['p99'])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dflash_trt.benchmarks.multi_turn`: the hit rate of later turns over several replicas, with
+    session affinity and with requests spread at random (docs/prefix-caching.md)."""
+    import argparse
+
+    from dflash_trt.benchmarks.config import BenchConfig
+    from dflash_trt.decoding.model.tokens import default_stop_ids
+    from dflash_trt.engine import load_engine
+
+    d = BenchConfig()
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--engine", type=Path, default=d.engine, help="engine directory (default: %(default)s)")
+    parser.add_argument("--prompts-dir", type=Path, default=d.prompts_dir, help="(default: %(default)s)")
+    parser.add_argument("--conversations", type=int, default=d.multi_turn_conversations, help="(default: %(default)s)")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas, each with its own cache (default: 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--prefix-cache-bytes", type=int, default=d.prefix_cache_bytes,
+                        help="byte budget of each replica's cache (default: %(default)s)")
+    args = parser.parse_args(argv)
+    engine = load_engine(args.engine)
+    conversations = load_conversations(args.prompts_dir, args.conversations)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(default_stop_ids(engine.target)))
+    runs = {routing: replay(engine.target, engine.drafter, conversations, params, engine.block_size, 1,
+                            args.prefix_cache_bytes, replicas=args.replicas, routing=routing)
+            for routing in ROUTINGS}
+    for routing, run in runs.items():
+        s = run.summary()
+        print(f"{args.replicas} replicas, {routing:>8}: hit rate {100 * s['hit_rate']:.0f}% "
+              f"(turns 2+: {100 * s['hit_rate_later_turns']:.0f}%), TTFT turns 2+ p50 "
+              f"{s['ttft_ms_later_turns']['p50']:.0f} ms")
+    print(f"output differences between the two: {compare(runs['affinity'], runs['random'])['output_differences']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -122,5 +122,20 @@ def test_conversations_load_as_user_turns_and_bad_settings_are_refused(tmp_path,
         load_conversations(tmp_path / "missing", 2)
     with pytest.raises(DFlashError, match="prefix_cache_bytes must be >= 1"):
         run_multi_turn(engine.target, engine.drafter, conversations, params, engine.block_size, (1,), 0)
-    with pytest.raises(DFlashError, match="concurrency must be >= 1"):
+    with pytest.raises(DFlashError, match="concurrency and replicas must be >= 1"):
         replay(engine.target, engine.drafter, conversations, params, engine.block_size, 0, 0)
+
+
+def test_affinity_keeps_each_later_turn_on_the_replica_with_its_history(engine, params, runs):
+    budget = 64 * 2**20
+    one = runs[1, budget]
+    affinity = replay(engine.target, engine.drafter, CONVERSATIONS, params, engine.block_size, 1, budget,
+                      replicas=2, routing="affinity")
+    spread = replay(engine.target, engine.drafter, CONVERSATIONS, params, engine.block_size, 1, budget,
+                    replicas=2, routing="random")
+    later = [(a, b) for a, b in zip(one.turns, affinity.turns) if a.turn >= 2]
+    assert all(a.cached_tokens == b.cached_tokens > 0 for a, b in later)  # as with one replica
+    assert spread.summary()["hit_rate_later_turns"] <= affinity.summary()["hit_rate_later_turns"]
+    assert compare(one, affinity)["output_differences"] == compare(one, spread)["output_differences"] == 0
+    with pytest.raises(DFlashError, match="routing must be one of affinity, random"):
+        replay(engine.target, engine.drafter, CONVERSATIONS, params, engine.block_size, 1, budget, routing="hash")
