@@ -93,6 +93,10 @@ def test_multi_turn_and_text_prompt_families_share_one_table(bench_engine, tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["per_family"]) == {"sharegpt-multiturn", "chat"} and summary["identical"] is True
     assert any(line.startswith("sharegpt-multiturn") for line in format_table(summary).splitlines())
+    # The multi-turn scenario ran on that conversation, both levels, without and with the cache.
+    levels = summary["multi_turn"]["levels"]
+    assert set(levels) == {"1", "8"} and all(level["output_differences"] == 0 for level in levels.values())
+    assert "Multi-turn: 1 conversations" in format_table(summary)
 
 
 def test_a_multi_turn_prompt_is_encoded_with_the_chat_template(bench_engine):
