@@ -148,7 +148,8 @@ def replay(target, drafter, conversations: list[Conversation], params: SamplingP
                 continue
             outputs = scheduler.step()
             now = time.perf_counter()
-            run.peak_cache_bytes = max(run.peak_cache_bytes, sum(cache.bytes for cache in caches if cache))
+            # Each replica's cache has its own budget: the peak is that of the fullest one.
+            run.peak_cache_bytes = max([run.peak_cache_bytes] + [cache.bytes for cache in caches if cache])
             for out in outputs:
                 index, turn, prompt_tokens, sent_at, first = in_flight[replica, out.index]
                 if not first:
