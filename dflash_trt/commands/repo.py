@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     parser.add_argument("--prefill-chunk-tokens", type=int, default=defaults.prefill_chunk_tokens,
                         help="prompt tokens prefilled per decoding step (default: "
                              f"{defaults.prefill_chunk_tokens})")
+    parser.add_argument("--prefix-cache-bytes", type=int, default=defaults.prefix_cache_bytes, metavar="N",
+                        help="bytes of prompt-prefix blocks (target KV and drafter features) each dflash instance "
+                             f"keeps for reuse (default {defaults.prefix_cache_bytes}; 0: off)")
     parser.add_argument("--canary-tokens", type=int, default=defaults.canary_tokens,
                         help=f"tokens of the load-time canary generation whose acceptance is logged and exported "
                              f"(default {defaults.canary_tokens}; 0: off)")
@@ -76,7 +79,7 @@ def run(args) -> int:
         block_size=args.block_size, block_policy=args.block_policy, max_batch_sequences=args.max_batch_sequences,
         max_kv_tokens=args.max_kv_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
         canary_tokens=args.canary_tokens, tensorrt_llm_decoupled=args.tensorrt_llm_decoupled,
-        tree_budget=args.tree_budget,
+        tree_budget=args.tree_budget, prefix_cache_bytes=args.prefix_cache_bytes,
     )
     print(f"model repository: {render_repository(config)}")
     return 0

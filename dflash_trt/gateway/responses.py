@@ -45,10 +45,12 @@ def finish_reason(piece: Piece) -> str:
     return FINISH_REASONS.get(piece.finish_reason, piece.finish_reason)
 
 
-def usage(num_prompt_tokens: int, piece: Piece) -> dict[str, int]:
+def usage(num_prompt_tokens: int, piece: Piece) -> dict[str, Any]:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache held."""
     completion = piece.num_output_tokens
     return {"prompt_tokens": num_prompt_tokens, "completion_tokens": completion,
-            "total_tokens": num_prompt_tokens + completion}
+            "total_tokens": num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": piece.num_cached_tokens}}
 
 
 def dflash_stats(piece: Piece, block_size: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ class Piece:
     total_draft_tokens: int
     total_accepted_draft_tokens: int
     acceptance_rate: float
+    num_cached_tokens: int = 0  # prompt tokens the server took from its prefix cache
 
 
 class TritonEnsemble:
@@ -169,7 +170,8 @@ def read_piece(result) -> Piece:
                  num_output_tokens=int(scalar("num_output_tokens") or 0),
                  total_draft_tokens=int(scalar("total_draft_tokens") or 0),
                  total_accepted_draft_tokens=int(scalar("total_accepted_draft_tokens") or 0),
-                 acceptance_rate=float(scalar("acceptance_rate") or 0.0))
+                 acceptance_rate=float(scalar("acceptance_rate") or 0.0),
+                 num_cached_tokens=int(scalar("num_cached_tokens") or 0))
 
 
 def triton_error(message: str) -> APIError:

@@ -41,8 +41,9 @@ class Job:
 
 
 class BatchLoop:
-    def __init__(self, runtime, logger=None):
-        self.runtime, self.logger = runtime, logger
+    def __init__(self, runtime, logger=None, metrics=None):
+        """metrics: DFlashMetrics, which exports the scheduler's prefix cache after every step (None: not)."""
+        self.runtime, self.logger, self.metrics = runtime, logger, metrics
         self.scheduler = runtime.new_scheduler()
         self.max_batch_size = self.scheduler.limits.max_batch_size
         self._inbox: deque[Job] = deque()
@@ -121,6 +122,8 @@ class BatchLoop:
                 self._finish(job, lambda j: j.fail(f"generation failed: {error}"))
             self.scheduler = self.runtime.new_scheduler()
             return
+        if self.metrics is not None and self.scheduler.prefix_cache is not None:
+            self.metrics.prefix_cache(self.scheduler.prefix_cache)
         for out in outputs:
             job = self._jobs.get(out.index)
             if job is None:

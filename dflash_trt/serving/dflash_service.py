@@ -51,6 +51,7 @@ OUTPUTS = {
     "total_draft_tokens": "TYPE_INT32",
     "total_accepted_draft_tokens": "TYPE_INT32",
     "acceptance_rate": "TYPE_FP32",
+    "num_cached_tokens": "TYPE_INT32",  # prompt tokens served from the prefix cache
     "finish_reason": "TYPE_STRING",
     "generation_id": "TYPE_STRING",
     "stop_reason": "TYPE_STRING",  # the stop word that ended the answer, or "" (read by tensorrt_llm)
@@ -66,6 +67,7 @@ def chunk_outputs(chunk: Chunk, generation_id: str) -> dict[str, np.ndarray]:
         "total_draft_tokens": np.array([stats.total_draft_tokens], dtype=np.int32),
         "total_accepted_draft_tokens": np.array([stats.total_accepted_draft_tokens], dtype=np.int32),
         "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
+        "num_cached_tokens": np.array([stats.num_cached_tokens], dtype=np.int32),
         "finish_reason": string_array([chunk.finish_reason]),
         "generation_id": string_array([generation_id]),
         "stop_reason": string_array([chunk.stop_reason]),
@@ -80,7 +82,7 @@ class DFlashService:
         self.board = board or CancelBoard()
         self.gate = StepGate.from_env()  # None unless a test paces the steps
         self.logger = logger
-        self._loop = BatchLoop(runtime, logger) if hasattr(runtime, "new_scheduler") else None
+        self._loop = BatchLoop(runtime, logger, metrics) if hasattr(runtime, "new_scheduler") else None
         workers = getattr(runtime, "max_concurrent_requests", 1)
         # TensorRT-LLM batches in flight itself: its requests each get a thread that waits on the LLM API.
         self._pool = (ThreadPoolExecutor(workers, thread_name_prefix="dflash")

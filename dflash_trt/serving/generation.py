@@ -26,6 +26,7 @@ class Step:
     finish_reason: str = ""  # on the final step: "stop" (end id) or "length"
     num_draft_tokens: int | None = None  # drafts verified in this step; None: block_size - 1
     num_accepted_drafts: int | None = None  # drafts accepted and committed; None: acceptance_length - 1
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Stats:
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)
 
     def add_step(self, acceptance_length: int | None, num_draft_tokens: int | None = None,
                  num_accepted_drafts: int | None = None) -> None:
@@ -102,6 +104,7 @@ class ChunkStream:
     def push(self, step: Step) -> Chunk | None:
         request, stats, matcher = self.request, self.stats, self.matcher
         stats.add_step(step.acceptance_length, step.num_draft_tokens, step.num_accepted_drafts)
+        stats.num_cached_tokens = step.num_cached_tokens
         released = []
         for token in step.new_token_ids:
             if step.is_final and step.finish_reason == "stop" and token in self.end_ids:
@@ -156,7 +159,7 @@ def step_of(out) -> Step:
     """A decoding StepOutput as the Step the dflash model turns into chunks."""
     reason = out.result.finish_reason if out.is_final else ""
     return Step(list(out.new_token_ids), out.acceptance_length, out.is_final, reason, out.num_draft_tokens,
-                out.num_accepted_drafts)
+                out.num_accepted_drafts, out.num_cached_tokens)
 
 
 def sampling_params(request: GenerationRequest, end_ids, tokenizer=None):

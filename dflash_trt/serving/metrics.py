@@ -19,7 +19,11 @@ COUNTERS = {
     "dflash_spec_steps_total": "Verify steps (one target forward each)",
     "dflash_plain_steps_total": "Verify steps that drafted nothing (block size 1: the policy chose plain decoding)",
     "dflash_generated_tokens_total": "Tokens sent to clients",
+    "dflash_prefix_cache_queries_tokens_total": "Prompt tokens looked up in the prefix cache",
+    "dflash_prefix_cache_hits_tokens_total": "Prompt tokens served from the prefix cache (not computed)",
 }
+PREFIX_CACHE_COUNTERS = {"queries_tokens": "dflash_prefix_cache_queries_tokens_total",
+                         "hits_tokens": "dflash_prefix_cache_hits_tokens_total"}
 # Seconds from a request's arrival at the dflash model to its first token, and between two token releases
 # of one request (a release carries the 1 + accepted tokens of a verify step, or several steps' worth).
 LATENCY_HISTOGRAMS = {
@@ -55,6 +59,9 @@ class DFlashMetrics:
         self.families["dflash_requests_in_flight"] = kinds(
             name="dflash_requests_in_flight", description="Generation requests being served", kind=kinds.GAUGE
         )
+        self.families["dflash_prefix_cache_bytes"] = kinds(
+            name="dflash_prefix_cache_bytes", description="Bytes the prefix cache holds (target KV and drafter "
+            "features of cached prompt blocks)", kind=kinds.GAUGE)
         for name, text in CANARY_GAUGES.items():
             self.families[name] = kinds(name=name, description=text, kind=kinds.GAUGE)
         for name, (text, _buckets) in LATENCY_HISTOGRAMS.items():
@@ -66,6 +73,8 @@ class DFlashMetrics:
         )
         self.counters = {name: self.families[name].Metric(labels=labels) for name in COUNTERS}
         self.in_flight = self.families["dflash_requests_in_flight"].Metric(labels=labels)
+        self.prefix_cache_bytes = self.families["dflash_prefix_cache_bytes"].Metric(labels=labels)
+        self._prefix_cache_seen: tuple[object, dict[str, int]] = (None, {})  # (cache, its totals exported so far)
         self.acceptance = self.families["dflash_acceptance_length"].Metric(labels=labels, buckets=ACCEPTANCE_BUCKETS)
         self._labels = labels
         self.canary_gauges = {}  # created by canary(): a model without a canary exports no canary value
@@ -102,6 +111,20 @@ class DFlashMetrics:
                 self.counters["dflash_accepted_draft_tokens_total"].increment(acceptance_length - 1)
             if num_sent_tokens:
                 self.counters["dflash_generated_tokens_total"].increment(num_sent_tokens)
+
+    def prefix_cache(self, cache) -> None:
+        """Export a scheduler's prefix cache (prefix_cache.PrefixCache): its cumulative token counts as counter
+        increments since the last call, its bytes as the gauge. A new cache (a fresh scheduler) starts over."""
+        with self._lock:
+            owner, seen = self._prefix_cache_seen
+            if owner is not cache:
+                seen = {}
+            for field, name in PREFIX_CACHE_COUNTERS.items():
+                total = getattr(cache, field)
+                self.counters[name].increment(total - seen.get(field, 0))
+                seen[field] = total
+            self._prefix_cache_seen = (cache, seen)
+            self.prefix_cache_bytes.set(cache.bytes)
 
     def canary(self, acceptance_rate: float, tau: float, temperature: float = 0.0) -> None:
         """What a load-time canary generation measured (canary.py), greedy or sampled (temperature > 0)."""
@@ -174,4 +197,7 @@ class NoMetrics:
         pass
 
     def canary(self, acceptance_rate, tau, temperature=0.0) -> None:
+        pass
+
+    def prefix_cache(self, cache) -> None:
         pass

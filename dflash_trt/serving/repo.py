@@ -30,6 +30,7 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_KV_TOKENS = 32768  # or one full context, when that is larger
 BLOCK_POLICIES = ("adaptive", "fixed")
 
+DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20  # per dflash instance
 
 @dataclass
 class RepoConfig:
@@ -56,6 +57,9 @@ class RepoConfig:
     max_batch_sequences: int = 16  # sequences decoding together; more wait in Triton's queue
     max_kv_tokens: int = 0  # rows x longest (prompt + max_tokens + block) the batch may hold; 0: see below
     prefill_chunk_tokens: int = 512  # prompt tokens prefilled per step: the stall a newcomer adds
+    # Prompt-prefix blocks (target KV + drafter features) each instance keeps for reuse (scheduler/prefix_cache.py);
+    # on top of max_kv_tokens' KV; 0: off. The trtllm runtime ignores it (TensorRT-LLM reuses its own KV blocks).
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
     canary_tokens: int = DEFAULT_CANARY_TOKENS  # the load-time canary generation (canary.py); 0: off
     # NVIDIA's model.yaml triton_config.decoupled for the tensorrt_llm model: False (NVIDIA's default) answers
     # gRPC ModelInfer and HTTP /infer, as NVIDIA's llmapi_client.py calls it; True streams.
@@ -69,7 +73,7 @@ class RepoConfig:
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_prompt_bytes", "queue_timeout_us", "num_threads", "block_size", "max_kv_tokens",
-                     "canary_tokens"):
+                     "canary_tokens", "prefix_cache_bytes"):
             if getattr(self, name) < 0:
                 raise DFlashError(f"{name} must be >= 0, got {getattr(self, name)}")
         check_tree_budget(self.tree_budget)
@@ -132,6 +136,7 @@ def render_repository(config: RepoConfig) -> Path:
         "max_batch_sequences": config.max_batch_sequences,
         "max_kv_tokens": max_kv_tokens,
         "prefill_chunk_tokens": config.prefill_chunk_tokens,
+        "prefix_cache_bytes": config.prefix_cache_bytes,
         "canary_tokens": config.canary_tokens,
         "tensorrt_llm_decoupled": "true" if config.tensorrt_llm_decoupled else "false",
         # Every request the dflash instances can batch or queue; beyond that the queue would refuse them anyway.

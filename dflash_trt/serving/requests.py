@@ -44,6 +44,7 @@ OUTPUTS = {
     "total_draft_tokens": "TYPE_INT32",
     "total_accepted_draft_tokens": "TYPE_INT32",
     "acceptance_rate": "TYPE_FP32",
+    "num_cached_tokens": "TYPE_INT32",  # prompt tokens served from the prefix cache (not in TensorRT-LLM's)
     "finish_reason": "TYPE_STRING",
     # Always 0: TensorRT-LLM's ensemble numbers the rows of a batched request; ours takes one row. Its clients
     # ask for it when they batch their inputs (end_to_end_grpc_client.py --batch-inputs).

@@ -42,6 +42,7 @@ class LocalRuntime:
     limits: object = field(default_factory=_default_limits)  # dflash_trt.decoding.scheduler.scheduler.SchedulerLimits
     block_policy: str = "adaptive"  # or "fixed": every step verifies block_size (block_policy.py)
     tree_budget: int = 0  # draft nodes of a tree verify per row (step/verify/tree.py); 0: the chain
+    prefix_cache_bytes: int = 0  # each scheduler's prompt-prefix cache (scheduler/prefix_cache.py); 0: none
 
     def verify_method(self):
         """How the drafts are verified: a tree of tree_budget nodes, or the chain."""
@@ -57,7 +58,10 @@ class LocalRuntime:
         drafter = self.drafter if self.block_size > 1 else None
         policy = make_policy(self.block_policy, self.block_size, allowed_block_sizes(drafter, self.block_size),
                              self.tree_budget if drafter is not None else 0)
-        return Scheduler(self.target, drafter, self.block_size, self.limits, policy, self.verify_method())
+        from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache
+
+        cache = PrefixCache(self.prefix_cache_bytes) if self.prefix_cache_bytes > 0 else None
+        return Scheduler(self.target, drafter, self.block_size, self.limits, policy, self.verify_method(), cache)
 
     @property
     def tokenizer(self):
@@ -77,7 +81,8 @@ class LocalRuntime:
 
 
 def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int = 0, block_size: int = 0,
-                 block_policy: str = "adaptive", limits=None, cuda_graphs: bool | None = None, tree_budget: int = 0):
+                 block_policy: str = "adaptive", limits=None, cuda_graphs: bool | None = None, tree_budget: int = 0,
+                 prefix_cache_bytes: int = 0):
     """Load the engine through its manifest and return the runtime it names.
 
     block_size 0 runs the engine's block size; a smaller one overrides it, and 1 is plain decoding
@@ -86,7 +91,8 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
     cuda_graphs: the target's decoding steps through GraphedVerifier and a PyTorch drafter's through GraphedDrafter
     (static shapes, one CUDA graph per batch bucket and block size), on a CUDA device only; None reads the
     environment (CUDA_GRAPHS_ENV=1: on). tree_budget B > 0 verifies a tree of B draft nodes per row instead of the
-    chain (torch drafters on the eager path; refused at load elsewhere, in one line).
+    chain (torch drafters on the eager path; refused at load elsewhere, in one line). prefix_cache_bytes > 0
+    gives each scheduler a prompt-prefix cache of that many bytes (local runtimes; trtllm keeps its own).
     """
     from dflash_trt.decoding.step.tree_budget import check_tree_budget
     from dflash_trt.engine import load_engine
@@ -122,7 +128,7 @@ def open_runtime(engine_dir: str | Path, device: str = "cpu", num_threads: int =
         target, drafter = graphed_pair(target, drafter, device)
     runtime = LocalRuntime(target, drafter, block_size, default_end_ids(engine.target),
                            limits=limits if limits is not None else _default_limits(), block_policy=block_policy,
-                           tree_budget=tree_budget)
+                           tree_budget=tree_budget, prefix_cache_bytes=max(0, prefix_cache_bytes))
     if drafter is not None:
         try:  # a runtime that cannot run a tree fails at load, not at the first request
             runtime.verify_method().check(target, drafter)

@@ -169,7 +169,10 @@ def test_full_responses_have_openai_shapes():
     assert chat["object"] == "chat.completion" and chat["id"].startswith("chatcmpl-")
     assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "logprobs": None,
                                 "finish_reason": "stop"}]
-    assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+    assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    cached = out.full_response(out.Reply("chat", "m"), "Hello!", Piece("!", "stop", 9, 21, 6, 6 / 21, 4), 5, 8)
+    assert cached["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
     text = out.full_response(out.Reply("completion", "m"), "Hello!", LAST, 5, 8)
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "Hello!"
 

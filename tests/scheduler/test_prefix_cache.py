@@ -168,3 +168,20 @@ def test_block_keys_chain_and_bad_settings_are_refused():
         PrefixCache(max_bytes=0)
     with pytest.raises(DFlashError, match="block_tokens must be >= 1"):
         PrefixCache(max_bytes=10, block_tokens=0)
+
+
+def test_the_static_verify_cache_takes_hits_too(tmp_path, monkeypatch):
+    """GraphedVerifier's static cache (what CUDA graphs replay; eager on CPU): the hit's blocks enter the prefill
+    and the static cache takes them over like any prefill's."""
+    from dflash_trt.decoding.model.graphs.verifier import GraphedVerifier
+
+    target = family_target("llama")
+    prompts = make_prompts(target)
+    verifier = GraphedVerifier(target, graphs=False)
+    drafter = drafter_for(target, "dflash", tmp_path)
+    without = run(verifier, drafter, prompts, None, monkeypatch)
+    with_cache = run(verifier, drafter, prompts, PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS),
+                     monkeypatch)
+    for key in ("tokens", "acceptance", "drafts"):
+        assert with_cache[key] == without[key], key
+    assert with_cache["cached"] == {0: 0, 1: 32, 2: 16, 3: 32, 4: 32}

@@ -94,3 +94,23 @@ def test_triton_exports_the_metrics_the_chart_alerts_on(triton):
         page = response.read().decode()
     for name in TRITON_METRICS:
         assert re.search(rf'^{name}\{{[^}}]*model="(ensemble|dflash)"', page, re.M), name
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(triton):
+    """The repository's default prefix cache: a request repeating a long prompt reuses its blocks (each of the two
+    dflash instances has its own cache, so it is sent until both have seen it); each response says how many prompt
+    tokens it reused, the counters agree with them, the gauge holds the blocks, and every answer is the same."""
+    prompt = "A long system prompt shared by every request of this test. " * 6 + "First question?"
+    before = scrape(triton)
+    answers = []
+    for _ in range(4):
+        answers.append(generate(triton.config.http_url, prompt, 6, exclude_input_in_output=True))
+        wait_for(lambda: metric_total(triton, "dflash_requests_in_flight") == 0, "no request in flight")
+    after = scrape(triton)
+    assert len({a["text_output"] for a in answers}) == 1
+    cached = [a["num_cached_tokens"] for a in answers]
+    assert cached[0] == 0 and max(cached) >= 32 and all(c % 16 == 0 for c in cached), cached
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert delta["dflash_prefix_cache_hits_tokens_total"] == sum(cached)
+    assert delta["dflash_prefix_cache_queries_tokens_total"] > sum(cached)
+    assert after["dflash_prefix_cache_bytes"] > 0

@@ -8,7 +8,9 @@ NAMES = {"dflash_requests_in_flight", "dflash_acceptance_length", "dflash_draft_
          "dflash_accepted_draft_tokens_total", "dflash_spec_steps_total", "dflash_generated_tokens_total",
          "dflash_plain_steps_total", "dflash_canary_acceptance_rate", "dflash_canary_acceptance_length",
          "dflash_canary_sampled_acceptance_rate", "dflash_canary_sampled_acceptance_length",
-         "dflash_time_to_first_token_seconds", "dflash_inter_token_latency_seconds"}
+         "dflash_time_to_first_token_seconds", "dflash_inter_token_latency_seconds",
+         "dflash_prefix_cache_queries_tokens_total", "dflash_prefix_cache_hits_tokens_total",
+         "dflash_prefix_cache_bytes"}
 
 
 def test_declares_the_metric_names_of_the_project_labelled_by_model(fake_pb):
@@ -27,7 +29,8 @@ def test_a_verify_step_updates_every_counter(fake_pb):
     values = {name: m.value for name, m in metrics.counters.items()}
     assert values == {"dflash_draft_tokens_total": 7, "dflash_accepted_draft_tokens_total": 3,
                       "dflash_spec_steps_total": 1, "dflash_generated_tokens_total": 5,
-                      "dflash_plain_steps_total": 0}
+                      "dflash_plain_steps_total": 0, "dflash_prefix_cache_queries_tokens_total": 0,
+                      "dflash_prefix_cache_hits_tokens_total": 0}
     assert metrics.acceptance.observations == [4]
 
 
@@ -82,3 +85,19 @@ def test_a_request_clock_gives_time_to_first_token_then_inter_token_gaps(fake_pb
     assert metrics.latency["dflash_time_to_first_token_seconds"].observations == [0.5]
     assert metrics.latency["dflash_inter_token_latency_seconds"].observations == [0.25, 1.0]
     assert all(m.buckets for m in metrics.latency.values())
+
+
+def test_the_prefix_cache_exports_its_token_counts_and_bytes(fake_pb):
+    from types import SimpleNamespace
+
+    metrics = DFlashMetrics(fake_pb, "dflash")
+    cache = SimpleNamespace(queries_tokens=40, hits_tokens=32, bytes=1000)
+    metrics.prefix_cache(cache)
+    cache.queries_tokens, cache.hits_tokens, cache.bytes = 90, 48, 700
+    metrics.prefix_cache(cache)
+    counters = metrics.counters
+    assert counters["dflash_prefix_cache_queries_tokens_total"].value == 90
+    assert counters["dflash_prefix_cache_hits_tokens_total"].value == 48
+    assert metrics.prefix_cache_bytes.value == 700
+    metrics.prefix_cache(SimpleNamespace(queries_tokens=10, hits_tokens=0, bytes=0))  # a fresh scheduler's cache
+    assert counters["dflash_prefix_cache_queries_tokens_total"].value == 100

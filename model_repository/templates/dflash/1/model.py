@@ -29,6 +29,7 @@ class TritonPythonModel:
     instances), block_size (0 = the engine's, 1 = plain decoding), block_policy ("adaptive" or "fixed"),
     tree_budget (draft nodes of a tree verify per sequence, 0 = the chain; dflash_trt/decoding/step/verify/tree.py),
     max_batch_sequences, max_kv_tokens, prefill_chunk_tokens (the in-flight batch of each instance;
+    prefix_cache_bytes: its prompt-prefix cache, 0 = off;
     see dflash_trt/decoding/scheduler/scheduler.py), canary_tokens (length of the load-time canary generation whose acceptance
     is logged and exported, see dflash_trt/serving/canary.py; 0 = off). Every request Triton hands to one
     execute joins the batch.
@@ -56,7 +57,8 @@ class TritonPythonModel:
         runtime = open_runtime(params["engine_dir"], device=params.get("device") or "cpu", num_threads=num_threads,
                                block_size=triton_io.int_parameter(params, "block_size", 0, name),
                                block_policy=params.get("block_policy") or "adaptive", limits=scheduler_limits,
-                               tree_budget=triton_io.int_parameter(params, "tree_budget", 0, name))
+                               tree_budget=triton_io.int_parameter(params, "tree_budget", 0, name),
+                               prefix_cache_bytes=triton_io.int_parameter(params, "prefix_cache_bytes", 0, name))
         self.metrics = DFlashMetrics(pb_utils, name)  # kept on self: the families live as long as the model
         canary_tokens = triton_io.int_parameter(params, "canary_tokens", canary.DEFAULT_CANARY_TOKENS, name)
         canary.check_at_load(runtime, canary_tokens, self.metrics, pb_utils.Logger)
