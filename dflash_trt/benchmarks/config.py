@@ -39,7 +39,7 @@ class BenchConfig:
     multi_turn: bool = True
     multi_turn_conversations: int = 8
     multi_turn_concurrency: tuple[int, ...] = (1, 8)
-    prefix_cache_bytes: int = 512 * 2**20  # the prefix cache's byte budget in the multi-turn scenario
+    prefix_cache_bytes: int = 256 * 2**20  # the prefix cache's budget in the multi-turn scenario (as served)
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 600.0
 

@@ -249,7 +249,7 @@ def _pair(values: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_trt.benchmarks.multi_turn`: the hit rate of later turns over several replicas, with
-    session affinity and with requests spread at random (docs/prefix-caching.md)."""
+    session affinity and with requests spread at random (docs/prefix-cache.md)."""
     import argparse
 
     from dflash_trt.benchmarks.config import BenchConfig
