@@ -34,11 +34,17 @@ class BenchConfig:
     min_user_tokens_per_s: float = 10.0
     sequential_baseline: bool = False  # also serve DFlash one request at a time (max_batch_sequences 1)
     tree_budget: int = 0  # served DFlash: the repository's tree_budget (the adaptive policy's largest tree)
+    # The multi-turn scenario (multi_turn.py): conversations replayed turn by turn, without and with the prefix
+    # cache, at each of multi_turn_concurrency.
+    multi_turn: bool = True
+    multi_turn_conversations: int = 8
+    multi_turn_concurrency: tuple[int, ...] = (1, 8)
+    prefix_cache_bytes: int = 256 * 2**20  # the prefix cache's budget in the multi-turn scenario (as served)
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 600.0
 
     def validate(self) -> None:
-        for name in ("num_prompts", "max_new_tokens", "instances"):
+        for name in ("num_prompts", "max_new_tokens", "instances", "multi_turn_conversations", "prefix_cache_bytes"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_tree_budget(self.tree_budget)
@@ -48,6 +54,8 @@ class BenchConfig:
             raise DFlashError(f"block sizes must be >= 2 (1 is the baseline, always run), got {self.block_sizes}")
         if not self.concurrency or any(level < 1 for level in self.concurrency):
             raise DFlashError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if self.multi_turn and (not self.multi_turn_concurrency or any(c < 1 for c in self.multi_turn_concurrency)):
+            raise DFlashError(f"multi-turn concurrency levels must be >= 1, got {self.multi_turn_concurrency}")
         if self.min_user_tokens_per_s < 0:
             raise DFlashError(f"min_user_tokens_per_s must be >= 0, got {self.min_user_tokens_per_s}")
         if self.duration_s <= 0:

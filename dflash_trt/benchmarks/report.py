@@ -6,7 +6,8 @@ sweep {block size: figures}, per_family {family: the same figures plus its own s
 ({"dflash"|"plain"[|"dflash-sequential"]: {concurrency: load figures, with "drafting": the mean block size
 and plain-step share of the level from the dflash counters}, "speedup": {concurrency: tokens/s
 ratio}, "goodput": best throughput at fixed interactivity per mode}, or null when the serving part was
-skipped).
+skipped), and multi_turn (multi_turn.py: {"levels": {concurrency: {"no_cache", "cache": figures, and the
+differences and TTFT ratios between them}}}, or null when the scenario was skipped).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import platform
 from pathlib import Path
 
+from dflash_trt.benchmarks.multi_turn import format_multi_turn
 from dflash_trt.benchmarks.sweep import SweepResult
 
 SUMMARY_NAME = "summary.json"
@@ -50,7 +52,8 @@ def figures(sweep: SweepResult, block_size: int, family: str | None = None) -> d
     return sweep.report(block_size, family).to_dict()
 
 
-def build_summary(engine: str, sweep: SweepResult, serving: dict | None, machine: dict, settings: dict) -> dict:
+def build_summary(engine: str, sweep: SweepResult, serving: dict | None, machine: dict, settings: dict,
+                  multi_turn: dict | None = None) -> dict:
     headline = max(sweep.block_sizes)
     overall = figures(sweep, headline)
     per_family = {}
@@ -70,6 +73,7 @@ def build_summary(engine: str, sweep: SweepResult, serving: dict | None, machine
         "sweep": {str(size): figures(sweep, size) for size in sweep.block_sizes},
         "per_family": per_family,
         "serving": serving,
+        "multi_turn": multi_turn,
     }
 
 
@@ -95,6 +99,8 @@ def format_table(summary: dict) -> str:
                          f"{'yes' if f['identical'] else 'NO':>11}")
     histogram = " ".join(f"{k}:{v}" for k, v in summary["acceptance_histogram"].items())
     lines.append(f"acceptance length histogram (block {summary['block_size']}, all families): {histogram}")
+    if summary.get("multi_turn"):
+        lines += [""] + format_multi_turn(summary["multi_turn"])
     if summary["serving"]:
         lines += [""] + _serving_lines(summary["serving"], s)
     return "\n".join(lines)

@@ -25,12 +25,12 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
     records = heldout_prompts(config.prompts_dir, config.families, config.num_prompts)
     _set_threads(config.num_threads)
     machine = machine_info()
-    engine_name, block_sizes, sweep = _in_process(config, records, log)
+    engine_name, block_sizes, sweep, multi_turn = _in_process(config, records, log)
     settings = {**asdict(config), "block_sizes": list(block_sizes), "families": sweep.family_names}
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
     out = Path(config.out)
     # Written now as well, so a failure of the serving part keeps the in-process figures.
-    write_summary(build_summary(engine_name, sweep, None, machine, settings), out)
+    write_summary(build_summary(engine_name, sweep, None, machine, settings, multi_turn), out)
     gc.collect()  # the served instances load their own copies of the models
     serving = None
     # The served models take text: multi-turn prompts (chat message lists) are measured in process only.
@@ -42,7 +42,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
 
         serving = run_serving(config, texts, log)
     machine["load_average_end"] = list(os.getloadavg())
-    summary = build_summary(engine_name, sweep, serving, machine, settings)
+    summary = build_summary(engine_name, sweep, serving, machine, settings, multi_turn)
     log(f"summary: {write_summary(summary, out)}")
     for path in write_plots(summary, out):
         log(f"plot: {path}")
@@ -72,7 +72,22 @@ def _in_process(config: BenchConfig, records, log):
         print(f"\r[{done}/{total}]", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     sweep = run_sweep(target, drafter, prompts, [r.family for r in records], params, block_sizes, progress)
-    return Path(config.engine).name, block_sizes, sweep
+    multi_turn = _multi_turn(config, target, drafter, params, max(block_sizes), log) if config.multi_turn else None
+    return Path(config.engine).name, block_sizes, sweep, multi_turn
+
+
+def _multi_turn(config: BenchConfig, target, drafter, params, block_size: int, log) -> dict | None:
+    from dflash_trt.benchmarks.multi_turn import MULTI_TURN_FAMILY, load_conversations, run_multi_turn
+
+    if not config.chat:
+        log("multi-turn: skipped (it replays conversations through the chat template; drop --no-chat)")
+        return None
+    if not (Path(config.prompts_dir) / MULTI_TURN_FAMILY / "heldout.jsonl").is_file():
+        log(f"multi-turn: skipped (no {MULTI_TURN_FAMILY}/heldout.jsonl under {config.prompts_dir})")
+        return None
+    conversations = load_conversations(config.prompts_dir, config.multi_turn_conversations)
+    return run_multi_turn(target, drafter, conversations, params, block_size, config.multi_turn_concurrency,
+                          config.prefix_cache_bytes, log=log)
 
 
 def _set_threads(num_threads: int) -> None:

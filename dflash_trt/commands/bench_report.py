@@ -45,6 +45,15 @@ def register(subparsers) -> None:
     parser.add_argument("--tree-budget", type=int, default=d.tree_budget, metavar="B",
                         help="served DFlash: the repository's tree_budget, the largest tree the adaptive policy may "
                              "verify per step (default: 0, chains only)")
+    parser.add_argument("--no-multi-turn", dest="multi_turn", action="store_false",
+                        help="skip the multi-turn scenario (conversations replayed turn by turn, with and without "
+                             "the prefix cache)")
+    parser.add_argument("--multi-turn-conversations", type=int, default=d.multi_turn_conversations,
+                        help="conversations of the multi-turn scenario (default: %(default)s)")
+    parser.add_argument("--multi-turn-concurrency", type=int_list, default=d.multi_turn_concurrency,
+                        help="conversations in flight at once, one level per run (default: 1,8)")
+    parser.add_argument("--prefix-cache-bytes", type=int, default=d.prefix_cache_bytes, metavar="N",
+                        help="byte budget of the prefix cache in the multi-turn scenario (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
@@ -63,7 +72,9 @@ def run(args) -> int:
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
         duration_s=args.duration, instances=args.instances, min_user_tokens_per_s=args.min_user_tokens_per_s,
-        sequential_baseline=args.sequential_baseline, tree_budget=args.tree_budget)
+        sequential_baseline=args.sequential_baseline, tree_budget=args.tree_budget, multi_turn=args.multi_turn,
+        multi_turn_conversations=args.multi_turn_conversations,
+        multi_turn_concurrency=tuple(args.multi_turn_concurrency), prefix_cache_bytes=args.prefix_cache_bytes)
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))

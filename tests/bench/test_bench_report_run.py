@@ -11,7 +11,7 @@ from dflash_trt.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SUMMARY_KEYS = {"engine", "block_size", "machine", "settings", "tau", "speedup", "identical",
-                "acceptance_histogram", "sweep", "per_family", "serving"}
+                "acceptance_histogram", "sweep", "per_family", "serving", "multi_turn"}
 FIGURE_KEYS = {"block_size", "num_prompts", "tau", "speedup", "identical", "acceptance_histogram", "tpot_ms"}
 
 
@@ -28,6 +28,7 @@ def test_short_run_succeeds_and_writes_the_summary(short_run):
     summary = json.loads((out / "summary.json").read_text())
     assert code == 0
     assert set(summary) == SUMMARY_KEYS and summary["serving"] is None
+    assert summary["multi_turn"] is None  # the prompt sets hold no multi-turn conversations
     assert summary["block_size"] == 4 and summary["identical"] is True
 
 
@@ -92,6 +93,10 @@ def test_multi_turn_and_text_prompt_families_share_one_table(bench_engine, tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["per_family"]) == {"sharegpt-multiturn", "chat"} and summary["identical"] is True
     assert any(line.startswith("sharegpt-multiturn") for line in format_table(summary).splitlines())
+    # The multi-turn scenario ran on that conversation, both levels, without and with the cache.
+    levels = summary["multi_turn"]["levels"]
+    assert set(levels) == {"1", "8"} and all(level["output_differences"] == 0 for level in levels.values())
+    assert "Multi-turn: 1 conversations" in format_table(summary)
 
 
 def test_a_multi_turn_prompt_is_encoded_with_the_chat_template(bench_engine):

@@ -1,6 +1,8 @@
-"""The Service exposes Triton's three ports (and the OpenAI gateway when enabled) to the server pods only."""
+"""The Service exposes Triton's three ports (and the OpenAI gateway when enabled) to the server pods only, and
+keeps a client on one pod when session affinity is on (its conversation's prefix cache is there)."""
 
-from chart_render import only, pod_spec, profile_values, render
+import pytest
+from chart_render import helm, only, pod_spec, profile_values, render
 
 
 def _ports(service):
@@ -35,3 +37,22 @@ def test_helm_test_pod_checks_readiness_through_the_service():
     service = only(objects, "Service")["metadata"]["name"]
     assert health["args"][:2] == ["health", f"--url=http://{service}:8000/v2/health/ready"]
     assert "nodeSelector" not in test_pod["spec"] and "nodeSelector" not in pod_spec(objects)
+
+
+def test_service_spreads_requests_by_default():
+    spec = only(render(profile_values("default")), "Service")["spec"]
+    assert "sessionAffinity" not in spec and "sessionAffinityConfig" not in spec
+
+
+def test_client_ip_affinity_keeps_a_client_on_one_pod_for_the_timeout():
+    values = {"service": {"sessionAffinity": "ClientIP", "sessionAffinityTimeoutSeconds": 1800}}
+    spec = only(render(profile_values("cpu", values)), "Service")["spec"]
+    assert spec["sessionAffinity"] == "ClientIP"
+    assert spec["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": 1800}}
+
+
+@pytest.mark.parametrize("service", [{"sessionAffinity": "Header"}, {"sessionAffinityTimeoutSeconds": 0},
+                                     {"sessionAffinityTimeoutSeconds": 86401}])
+def test_schema_refuses_an_unknown_affinity_or_a_timeout_out_of_range(chart, service):
+    with pytest.raises(helm.HelmValuesError, match="sessionAffinity"):
+        chart.render({"service": service}, name="dflash")
