@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     parser.add_argument("--tree-budget", type=int, default=d.tree_budget, metavar="B",
                         help="served DFlash: the repository's tree_budget, the largest tree the adaptive policy may "
                              "verify per step (default: 0, chains only)")
+    parser.add_argument("--report", type=Path, metavar="FILE.md",
+                        help="also write the results as a Markdown page with date, commit, machine and this command "
+                             "(`make results` writes docs/results.md this way)")
     parser.set_defaults(func=run)
 
 
@@ -67,4 +70,8 @@ def run(args) -> int:
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))
+    if args.report:
+        from dflash_trt.benchmarks.markdown import write_results_page
+
+        print(f"report: {write_results_page(summary, args.report)}")
     return 0
