@@ -44,7 +44,7 @@ def results_page(summary: dict, command: str, commit: str | None = None, refresh
     lines = [
         "# Results",
         "",
-        f"Written by `{refresh}` (the benchmark itself writes this page; see [benchmarks.md](benchmarks.md)). "
+        f"Written by the benchmark command below, never by hand; `{refresh}` reruns it (see [benchmarks.md](benchmarks.md)). "
         "These are CPU figures of the demo pair, not GPU figures.",
         "",
         f"- Date: {now:%Y-%m-%d %H:%M} UTC; commit `{commit}`",
