@@ -44,8 +44,8 @@ def results_page(summary: dict, command: str, commit: str | None = None, refresh
     lines = [
         "# Results",
         "",
-        f"Written by the benchmark command below, never by hand; `{refresh}` reruns it (see [benchmarks.md](benchmarks.md)). "
-        "These are CPU figures of the demo pair, not GPU figures.",
+        f"Written by the benchmark command below, never by hand; `{refresh}` reruns it (see "
+        "[benchmarks.md](benchmarks.md)). These are CPU figures of the demo pair, not GPU figures.",
         "",
         f"- Date: {now:%Y-%m-%d %H:%M} UTC; commit `{commit}`",
         f"- Machine: {m['cpu']}, {m['num_cpus']} cores; torch {m['torch']} with {m['torch_threads']} thread(s) in "
@@ -122,7 +122,8 @@ def _times(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def write_results_page(summary: dict, path: Path, command: str | None = None) -> Path:
+def write_results_page(summary: dict, path: Path, commit: str, command: str | None = None) -> Path:
+    """commit: current_commit() taken before the measurement started (the code that was measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(results_page(summary, command or invoked_command()))
+    path.write_text(results_page(summary, command or invoked_command(), commit))
     return path

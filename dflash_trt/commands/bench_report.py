@@ -58,8 +58,10 @@ def _names(text: str) -> tuple[str, ...]:
 def run(args) -> int:
     from dflash_trt.benchmarks.report import format_table
     from dflash_trt.benchmarks.run import run_bench
+    from dflash_trt.benchmarks.markdown import current_commit, write_results_page
     from dflash_trt.engine.build import ensure_engine
 
+    commit = current_commit()  # the code measured, whatever changes while it runs
     config = BenchConfig(
         engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out,
         prompts_dir=args.prompts_dir, families=tuple(args.families),
@@ -71,7 +73,5 @@ def run(args) -> int:
     print()
     print(format_table(summary))
     if args.report:
-        from dflash_trt.benchmarks.markdown import write_results_page
-
-        print(f"report: {write_results_page(summary, args.report)}")
+        print(f"report: {write_results_page(summary, args.report, commit)}")
     return 0
