@@ -58,7 +58,7 @@ def _names(text: str) -> tuple[str, ...]:
 def run(args) -> int:
     from dflash_trt.benchmarks.report import format_table
     from dflash_trt.benchmarks.run import run_bench
-    from dflash_trt.benchmarks.markdown import current_commit, write_results_page
+    from dflash_trt.benchmarks.markdown import current_commit, invoked_command, write_results_page
     from dflash_trt.engine.build import ensure_engine
 
     commit = current_commit()  # the code measured, whatever changes while it runs
@@ -73,5 +73,5 @@ def run(args) -> int:
     print()
     print(format_table(summary))
     if args.report:
-        print(f"report: {write_results_page(summary, args.report, commit)}")
+        print(f"report: {write_results_page(summary, args.report, commit, invoked_command(args.argv))}")
     return 0
