@@ -56,9 +56,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    from dflash_trt.benchmarks.markdown import current_commit, invoked_command, write_results_page
     from dflash_trt.benchmarks.report import format_table
     from dflash_trt.benchmarks.run import run_bench
-    from dflash_trt.benchmarks.markdown import current_commit, invoked_command, write_results_page
     from dflash_trt.engine.build import ensure_engine
 
     commit = current_commit()  # the code measured, whatever changes while it runs
