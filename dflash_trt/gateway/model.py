@@ -50,7 +50,8 @@ class ServedModel:
     max_prompt_bytes: int = 0  # the repository's preprocessing limit; 0: derived from the context, as there
     created: int = field(default_factory=lambda: int(time.time()))
     # The repository's preprocessing wraps every text_input as one user message (`repo --chat-template
-    # model|FILE`, as `make demo` renders it): then only such chats can be served, and no raw completions.
+    # auto|model|FILE`; auto is the default and templates when the tokenizer has one): then only such chats
+    # can be served, and no raw completions.
     is_templated_by_triton: bool = False
 
     def chat_prompt(self, messages: list[dict[str, str]], template_kwargs: dict) -> tuple[str, str]:

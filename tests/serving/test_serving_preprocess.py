@@ -67,3 +67,16 @@ def test_the_repo_command_templates_by_default_and_none_turns_it_off(tiny_engine
         assert main(["repo", "--engine", str(tiny_engine), "--out", str(out), *args]) == 0
         config = (out / "preprocessing" / "config.pbtxt").read_text()
         assert re.search(r'key: "chat_template" value: \{ string_value: "(\w+)" \}', config).group(1) == expected
+
+
+@pytest.mark.parametrize("repo_template, templated", [("auto", True), ("none", False), ("model", True)])
+def test_the_gateway_reads_auto_as_templated_when_the_tokenizer_has_a_template(tiny_engine, repo_template, templated):
+    from dflash_trt.gateway.model import GatewayConfig, load_served_model
+
+    class Triton:  # what tritonclient's get_model_config(as_json=True) returns for preprocessing
+        def get_model_config(self, name, as_json):
+            params = {"chat_template": repo_template, "engine_dir": str(tiny_engine), "max_tokens_limit": "64",
+                      "max_context_tokens": "512"}
+            return {"config": {"parameters": {k: {"string_value": v} for k, v in params.items()}}}
+
+    assert load_served_model(GatewayConfig(), Triton()).is_templated_by_triton is templated
