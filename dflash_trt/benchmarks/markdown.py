@@ -50,6 +50,8 @@ def results_page(summary: dict, command: str, commit: str | None = None, refresh
         f"- Date: {now:%Y-%m-%d %H:%M} UTC; commit `{commit}`",
         f"- Machine: {m['cpu']}, {m['num_cpus']} cores; torch {m['torch']} with {m['torch_threads']} thread(s) in "
         f"process; load average (1/5/15 min) {_load(m.get('load_average_start'))} at the start"
+        + (f", {_load(m['load_average_serving_start'])} when serving started" if "load_average_serving_start" in m
+           else "")
         + (f", {_load(load_end)} at the end" if load_end else ""),
         f"- Engine: `{summary['engine']}`; {s['num_prompts']} held-out prompts per family, greedy, "
         f"{'chat template' if s.get('chat', True) else 'no chat template'}, up to {s['max_new_tokens']} new tokens",

@@ -163,6 +163,8 @@ def test_the_markdown_report_has_the_served_table_when_serving_ran(short_run):
     summary["serving"] = {"dflash": {"4": level}, "plain": {"4": {**level, "output_tokens_per_s": 21.25}},
                           "speedup": {"4": 2.0}}
     summary["settings"].update(duration_s=20.0, instances=1)
+    summary["machine"].update(load_average_serving_start=[5.0, 4.0, 3.0], load_average_end=[6.0, 5.0, 4.0])
     page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "5.0 / 4.0 / 3.0 when serving started, 6.0 / 5.0 / 4.0 at the end" in page
     assert "| dflash | 4 | 42.5 | 120 / 300 | 30 / - | 9.5 | 3.25 | 10% | 7 | 0 |" in page
     assert "| plain | 4 | 21.2 |" in page and "2.00x at concurrency 4" in page
