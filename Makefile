@@ -110,10 +110,10 @@ serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PO
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
 
-results: setup ## Measure the demo engine (in process and served, DFlash vs plain) and rewrite docs/results.md: [RESULTS_ARGS=...]
+results: setup ## Measure the demo engine (in process and served, DFlash vs plain); rewrite docs/results.md and README's table: [RESULTS_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/results) --num-prompts 4 \
 		--max-new-tokens 64 --block-sizes 4,8 --concurrency 1,4,16 --duration 20 --num-threads 1 \
-		--report docs/results.md $(RESULTS_ARGS)
+		--report docs/results.md --readme README.md $(RESULTS_ARGS)
 
 check-batching: setup ## Served in-flight batching against each request alone (500 at concurrency 16): [ENGINE=...] [CHECK_ARGS=...]
 	$(BIN)/dflash-trt check-batching --engine $(ENGINE) $(CHECK_ARGS)

@@ -124,6 +124,50 @@ def _times(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+# README.md carries the headline table between these markers; `--readme` rewrites what lies between them.
+README_START = "<!-- results: written by `make results`, do not edit -->"
+README_END = "<!-- end of results -->"
+
+
+def headline_table(summary: dict, command: str, commit: str, now: datetime.datetime | None = None) -> str:
+    """One table: DFlash against plain decoding in process (all families, per block size) and served (per
+    concurrency), with when, where and how it was measured."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    m = summary["machine"]
+    rows = ["| where | setting | tau | DFlash tok/s | plain tok/s | DFlash / plain | identical to plain |",
+            "|---|---|---:|---:|---:|---:|---|"]
+    for size, f in summary["sweep"].items():
+        t = f["tpot_ms"]
+        rows.append(f"| in process, decode phase | block {size}, all families | {f['tau']:.2f} | "
+                    f"{1000 / t['dflash']:.1f} | {1000 / t['baseline']:.1f} | {f['speedup']:.2f}x | "
+                    f"{'yes' if f['identical'] else 'NO'} |")
+    serving = summary.get("serving")
+    if serving:
+        for level, r in serving["dflash"].items():
+            drafting = r.get("drafting") or {}
+            rows.append(f"| served (Triton, batched) | concurrency {level}, mean block "
+                        f"{drafting.get('mean_block_size', 0):.2f} | - | {r['output_tokens_per_s']:.1f} | "
+                        f"{serving['plain'][level]['output_tokens_per_s']:.1f} | {_times(serving['speedup'][level])} "
+                        "| - |")
+    loads = [_load(m.get(key)) for key in ("load_average_start", "load_average_serving_start", "load_average_end")
+             if m.get(key)]
+    return "\n".join(rows) + (
+        f"\n\nMeasured {now:%Y-%m-%d} on commit `{commit}`, {m['cpu']} ({m['num_cpus']} cores), load average "
+        f"{' then '.join(loads)} (1/5/15 min; a shared machine lowers every figure). Produced by `make results`:\n"
+        f"`{command}`.\nEvery figure, per prompt family: [docs/results.md](docs/results.md).")
+
+
+def update_readme(path: Path, table: str) -> Path:
+    """Replace what lies between README_START and README_END with `table`."""
+    text = path.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{path} has no results markers; add the lines {README_START!r} and {README_END!r}")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    path.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
+    return path
+
+
 def write_results_page(summary: dict, path: Path, commit: str, command: str | None = None) -> Path:
     """commit: current_commit() taken before the measurement started (the code that was measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,9 @@ def register(subparsers) -> None:
     parser.add_argument("--report", type=Path, metavar="FILE.md",
                         help="also write the results as a Markdown page with date, commit, machine and this command "
                              "(`make results` writes docs/results.md this way)")
+    parser.add_argument("--readme", type=Path, metavar="README.md",
+                        help="also rewrite the headline results table between the results markers of this file "
+                             "(`make results` updates README.md this way)")
     parser.set_defaults(func=run)
 
 
@@ -56,7 +59,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from dflash_trt.benchmarks.markdown import current_commit, invoked_command, write_results_page
+    from dflash_trt.benchmarks.markdown import (current_commit, headline_table, invoked_command, update_readme,
+                                                write_results_page)
     from dflash_trt.benchmarks.report import format_table
     from dflash_trt.benchmarks.run import run_bench
     from dflash_trt.engine.build import ensure_engine
@@ -72,6 +76,9 @@ def run(args) -> int:
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))
+    command = invoked_command(args.argv)
     if args.report:
-        print(f"report: {write_results_page(summary, args.report, commit, invoked_command(args.argv))}")
+        print(f"report: {write_results_page(summary, args.report, commit, command)}")
+    if args.readme:
+        print(f"results table: {update_readme(args.readme, headline_table(summary, command, commit))}")
     return 0

@@ -168,3 +168,21 @@ def test_the_markdown_report_has_the_served_table_when_serving_ran(short_run):
     assert "5.0 / 4.0 / 3.0 when serving started, 6.0 / 5.0 / 4.0 at the end" in page
     assert "| dflash | 4 | 42.5 | 120 / 300 | 30 / - | 9.5 | 3.25 | 10% | 7 | 0 |" in page
     assert "| plain | 4 | 21.2 |" in page and "2.00x at concurrency 4" in page
+
+
+def test_the_readme_table_is_rewritten_between_its_markers_only(short_run, tmp_path):
+    from dflash_trt.benchmarks.markdown import README_END, README_START, headline_table, update_readme
+
+    summary = json.loads((short_run[1] / "summary.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{README_START}\nold figures\n{README_END}\n\n## After\n")
+    table = headline_table(summary, "dflash-trt bench-report --engine e", "abc1234")
+    update_readme(readme, table)
+    text = readme.read_text()
+    assert text.startswith("# Title\n\n") and text.endswith(f"{README_END}\n\n## After\n")
+    assert "old figures" not in text and "commit `abc1234`" in text and "`dflash-trt bench-report --engine e`" in text
+    for size, figures in summary["sweep"].items():
+        assert f"| block {size}, all families | {figures['tau']:.2f} |" in text
+    readme.write_text("# No markers\n")
+    with pytest.raises(ValueError, match="has no results markers"):
+        update_readme(readme, table)
