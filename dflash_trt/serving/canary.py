@@ -34,7 +34,7 @@ CANARY_PROMPTS = (
     "Solve for x: 12x + 23 = 107.",
 )
 CANARY_PROMPT = CANARY_PROMPTS[0]
-DEFAULT_CANARY_TOKENS = 32  # per prompt
+DEFAULT_CANARY_TOKENS = 16  # per prompt: 48 tokens over the three, greedy and again sampled
 # Below this many accepted drafts per verify step (tau below 1.1) the drafter is not doing its job: fewer
 # than one step in ten gets even one draft token accepted. The demo pair gets about one per step.
 NEAR_ZERO_ACCEPTED_PER_STEP = 0.1
