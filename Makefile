@@ -45,6 +45,8 @@ DRAIN_TIMEOUT ?=
 LAUNCHER ?= auto
 # Benchmarks: extra options of `dflash-trt bench-report` (e.g. --no-serving --num-prompts 4).
 BENCH_ARGS ?=
+# Results page: extra options of the standard run that writes docs/results.md (e.g. --num-prompts 8 --duration 30).
+RESULTS_ARGS ?=
 # Batching check: extra options of `dflash-trt check-batching` (e.g. --requests 40 --concurrency 8).
 CHECK_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
@@ -56,7 +58,7 @@ VLLM_ARGS ?=
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench check-batching drafter bench-aiperf bench-vllm gpu-check
+.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench results check-batching drafter bench-aiperf bench-vllm gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -107,6 +109,11 @@ serve: setup ## Serve a repository with Triton until Ctrl-C: [REPO=dir] [HTTP_PO
 
 bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engines/<name>] [OUT=out/bench] [BENCH_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/bench) $(BENCH_ARGS)
+
+results: setup ## Measure the demo engine (in process and served, DFlash vs plain); rewrite docs/results.md and README's table: [RESULTS_ARGS=...]
+	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/results) --num-prompts 4 \
+		--max-new-tokens 64 --block-sizes 4,8 --concurrency 1,4,16 --duration 20 --num-threads 1 \
+		--report docs/results.md --readme README.md $(RESULTS_ARGS)
 
 check-batching: setup ## Served in-flight batching against each request alone (500 at concurrency 16): [ENGINE=...] [CHECK_ARGS=...]
 	$(BIN)/dflash-trt check-batching --engine $(ENGINE) $(CHECK_ARGS)

@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line as given, for reports that state how they were produced
     try:
         return int(args.func(args) or 0)
     except DFlashError as exc:

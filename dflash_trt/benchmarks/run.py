@@ -40,6 +40,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
     elif config.serving:
         from dflash_trt.benchmarks.serving import run_serving
 
+        machine["load_average_serving_start"] = list(os.getloadavg())  # the load can change between the parts
         serving = run_serving(config, texts, log)
     machine["load_average_end"] = list(os.getloadavg())
     summary = build_summary(engine_name, sweep, serving, machine, settings, multi_turn)

@@ -54,6 +54,12 @@ def register(subparsers) -> None:
                         help="conversations in flight at once, one level per run (default: 1,8)")
     parser.add_argument("--prefix-cache-bytes", type=int, default=d.prefix_cache_bytes, metavar="N",
                         help="byte budget of the prefix cache in the multi-turn scenario (default: %(default)s)")
+    parser.add_argument("--report", type=Path, metavar="FILE.md",
+                        help="also write the results as a Markdown page with date, commit, machine and this command "
+                             "(`make results` writes docs/results.md this way)")
+    parser.add_argument("--readme", type=Path, metavar="README.md",
+                        help="also rewrite the headline results table between the results markers of this file "
+                             "(`make results` updates README.md this way)")
     parser.set_defaults(func=run)
 
 
@@ -62,10 +68,13 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    from dflash_trt.benchmarks.markdown import (current_commit, headline_table, invoked_command, update_readme,
+                                                write_results_page)
     from dflash_trt.benchmarks.report import format_table
     from dflash_trt.benchmarks.run import run_bench
     from dflash_trt.engine.build import ensure_engine
 
+    commit = current_commit()  # the code measured, whatever changes while it runs
     config = BenchConfig(
         engine=ensure_engine(args.engine, log=lambda line: print(line, flush=True)), out=args.out,
         prompts_dir=args.prompts_dir, families=tuple(args.families),
@@ -78,4 +87,9 @@ def run(args) -> int:
     summary = run_bench(config, log=lambda line: print(line, flush=True))
     print()
     print(format_table(summary))
+    command = invoked_command(args.argv)
+    if args.report:
+        print(f"report: {write_results_page(summary, args.report, commit, command)}")
+    if args.readme:
+        print(f"results table: {update_readme(args.readme, headline_table(summary, command, commit))}")
     return 0

@@ -1,7 +1,8 @@
 """`dflash-trt demo`: the embedded demo pair (SmolLM2-135M-Instruct + its DFlash drafter) on the CPU.
 
 By default the whole product path runs: build the default engine (idempotent), render its Triton
-repository, serve it, stream one answer over gRPC printing tau, stop the server. --in-process
+repository, serve it, stream one answer over gRPC printing tau, stop the server, then time the same
+prompt in process with DFlash and with plain decoding (tokens/s of each; --no-compare skips it). --in-process
 generates in this process instead, without Triton.
 """
 
@@ -18,6 +19,8 @@ def register(subparsers) -> None:
     parser.add_argument("--prompt", default=DEMO_PROMPT)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--in-process", action="store_true", help="generate in this process, without Triton")
+    parser.add_argument("--no-compare", dest="compare", action="store_false",
+                        help="skip timing the same prompt in process with DFlash and with plain decoding")
     parser.set_defaults(func=run)
 
 
@@ -34,10 +37,13 @@ def run(args) -> int:
 
 def run_served(args) -> int:
     from dflash_trt.engine.build import BuildRequest, build_engine
-    from dflash_trt.serving.demo import served_answer
+    from dflash_trt.serving.demo import compare_with_plain, served_answer
 
     engine_dir = build_engine(BuildRequest(), log=lambda line: print(line, flush=True)).engine_dir
     repo_dir = Path(__file__).resolve().parents[2] / "model_repository" / engine_dir.name
     served_answer(engine_dir, repo_dir, args.prompt, args.max_new_tokens, chat_template="model",
                   write=lambda line: print(line, flush=True))
+    if args.compare:
+        print("timing the same prompt in process, DFlash against plain decoding ...", flush=True)
+        print(compare_with_plain(engine_dir, args.prompt, args.max_new_tokens).describe(), flush=True)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_trt.serving.preprocess import AUTO_TEMPLATE
 from dflash_trt.serving.repo import RepoConfig
 
 
@@ -15,8 +16,11 @@ def register(subparsers) -> None:
     parser.add_argument("--engine", type=Path, required=True, help="engine directory (has manifest.json)")
     parser.add_argument("--out", type=Path, help="repository directory (default: model_repository/<engine name>)")
     parser.add_argument("--engine-path", help="the engine directory as the server will see it (default: --engine)")
-    parser.add_argument("--chat-template", default=defaults.chat_template,
-                        help="'none' (text_input verbatim, default), 'model' (the tokenizer's template) or a Jinja file")
+    parser.add_argument("--chat-template", default=AUTO_TEMPLATE,
+                        help="'auto' (default: the tokenizer's chat template when the target ships one, else "
+                             "text_input verbatim), 'none' (verbatim: the prompt is already formatted, or the OpenAI "
+                             "gateway templates multi-turn chats itself), 'model' (the tokenizer's, required) or a "
+                             "Jinja file")
     parser.add_argument("--max-tokens-limit", type=int, help="largest max_tokens accepted (default: min(4096, context))")
     parser.add_argument("--max-context-tokens", type=int, help="prompt + max_tokens limit (default: the engine's)")
     parser.add_argument("--max-prompt-bytes", type=int, default=defaults.max_prompt_bytes,

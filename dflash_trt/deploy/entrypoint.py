@@ -21,6 +21,7 @@ in-flight requests (DFLASH_DRAIN_TIMEOUT) and cleans up; a PID 1 that returned e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import os
 import shlex
@@ -58,6 +59,9 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model repository (default: $DFLASH_DATA/model_repository/<model>-tp<n>)")
     parser.add_argument("--runtime", help="engine runtime: torch, onnx, tensorrt or trtllm (default: the preset's)")
     parser.add_argument("--quantization", help="none, fp8, nvfp4 or mxfp4 (default: the preset's)")
+    parser.add_argument("--chat-template", default=os.environ.get("DFLASH_CHAT_TEMPLATE"),
+                        help="the repository's chat template: auto (default), none (the OpenAI gateway templates "
+                             "whole conversations itself), model or a Jinja file (env DFLASH_CHAT_TEMPLATE)")
 
 
 def _add_port_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _target(args: argparse.Namespace) -> plan.Target:
     return plan.resolve_target(_data_dir(args), args.model, args.tp, args.engine, args.repo,
-                               args.runtime, args.quantization)
+                               args.runtime, args.quantization, args.chat_template)
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -126,6 +130,8 @@ def steps_for(args: argparse.Namespace) -> list[list[str]]:
     target = _target(args)
     if args.command == "serve":
         ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.openai_port, args.health_port)
+        if ports.openai is not None and target.chat_template is None:
+            target = dataclasses.replace(target, chat_template="none")  # the gateway templates conversations
         return plan.serve_steps(project, target, ports, args.build, args.address, args.ready_timeout, args.launcher)
     if args.command == "prepare":
         return plan.prepare_steps(project, target, force=args.force)

@@ -33,6 +33,9 @@ class Target:
     tensor_parallel: int = 1
     runtime: str | None = None  # None: the preset's default runtime
     quantization: str | None = None  # None: the preset's default quantization
+    # `dflash-trt repo --chat-template`; None: its default, auto. "none" when the OpenAI gateway runs in front,
+    # since it applies the template itself to whole conversations.
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ def resolve_target(
     repo_dir: Path | None = None,
     runtime: str | None = None,
     quantization: str | None = None,
+    chat_template: str | None = None,
 ) -> Target:
     """Fill in engine and repository paths under `data_dir` from the preset name when not given."""
     validate_tensor_parallel(tensor_parallel)
@@ -69,7 +73,8 @@ def resolve_target(
         name = default_name(model, tensor_parallel)
         engine_dir = engine_dir or data_dir / "engines" / name
         repo_dir = repo_dir or data_dir / "model_repository" / name
-    return Target(Path(engine_dir), Path(repo_dir), model or None, tensor_parallel, runtime or None, quantization or None)
+    return Target(Path(engine_dir), Path(repo_dir), model or None, tensor_parallel, runtime or None, quantization or None,
+                  chat_template or None)
 
 
 def validate_tensor_parallel(tensor_parallel: int) -> None:
@@ -112,7 +117,8 @@ def engine_command(project_dir: Path, target: Target) -> list[str]:
 
 
 def repo_command(project_dir: Path, target: Target) -> list[str]:
-    return make_command(project_dir, "repo", ENGINE=target.engine_dir, OUT=target.repo_dir)
+    repo_args = f"--chat-template {target.chat_template}" if target.chat_template else None
+    return make_command(project_dir, "repo", ENGINE=target.engine_dir, OUT=target.repo_dir, REPO_ARGS=repo_args)
 
 
 def serve_command(

@@ -14,6 +14,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.gateway.errors import invalid
 from dflash_trt.gateway.prompts import PromptFormatter
 from dflash_trt.gateway.triton import ENSEMBLE
+from dflash_trt.serving.preprocess import resolve_chat_template
 from dflash_trt.serving.requests import RequestLimits
 
 PREPROCESSING = "preprocessing"
@@ -49,7 +50,8 @@ class ServedModel:
     max_prompt_bytes: int = 0  # the repository's preprocessing limit; 0: derived from the context, as there
     created: int = field(default_factory=lambda: int(time.time()))
     # The repository's preprocessing wraps every text_input as one user message (`repo --chat-template
-    # model|FILE`, as `make demo` renders it): then only such chats can be served, and no raw completions.
+    # auto|model|FILE`; auto is the default and templates when the tokenizer has one): then only such chats
+    # can be served, and no raw completions.
     is_templated_by_triton: bool = False
 
     def chat_prompt(self, messages: list[dict[str, str]], template_kwargs: dict) -> tuple[str, str]:
@@ -135,13 +137,15 @@ def load_served_model(config: GatewayConfig, client) -> ServedModel:
     config_json = client.get_model_config(PREPROCESSING, as_json=True)
     params = {k: v.get("string_value", "") for k, v in config_json.get("config", config_json)
               .get("parameters", {}).items()}
-    repo_template = params.get("chat_template") or "none"
-    if repo_template != "none" and config.chat_template:
-        raise DFlashError("--chat-template: the repository's preprocessing already applies its own chat template")
     engine_dir = config.engine_dir or params.get("engine_dir")
     if not engine_dir:
         raise DFlashError("the preprocessing model names no engine_dir: pass --engine")
     tokenizer, engine = tokenizer_for(engine_dir)
+    # "auto" (the default of `dflash-trt repo`) templates in preprocessing whenever the tokenizer has one.
+    repo_template = resolve_chat_template(params.get("chat_template") or "none", tokenizer)
+    if repo_template != "none" and config.chat_template:
+        raise DFlashError("--chat-template: the repository's preprocessing already applies its own chat template; "
+                          "render it with `dflash-trt repo --chat-template none` to use this one")
     chat_template = Path(config.chat_template).read_text() if config.chat_template else None
     if repo_template not in ("none", "model"):
         chat_template = repo_template  # a Jinja template rendered into the repository

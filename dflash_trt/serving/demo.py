@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,6 +57,51 @@ def served_answer(engine_dir: Path, repo_dir: Path, prompt: str, max_tokens: int
     tau = tau_from_totals(last.get("total_draft_tokens", 0), last.get("total_accepted_draft_tokens", 0), block_size)
     answer = DemoAnswer("".join(pieces), last.get("num_output_tokens", 0), len(pieces), tau,
                         last.get("finish_reason", ""))
-    write(f"[tau {answer.tau:.2f}: {answer.num_output_tokens} tokens in {answer.num_chunks} streamed chunks, "
-          f"acceptance rate {last.get('acceptance_rate', 0.0):.2f}, {answer.finish_reason}; block size {block_size}]")
+    write(f"[served: {answer.num_output_tokens} tokens in {answer.num_chunks} streamed chunks "
+          f"({answer.finish_reason}); tau {answer.tau:.2f} = mean tokens per verify step (plain decoding: 1.00, "
+          f"at most the block size {block_size})]")
     return answer
+
+
+@dataclass
+class PlainComparison:
+    """The same prompt generated in process with DFlash and with plain decoding, on the same engine."""
+
+    dflash_tokens_per_s: float
+    plain_tokens_per_s: float
+    num_output_tokens: int
+    tau: float
+    identical: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.dflash_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+    def describe(self) -> str:
+        same = "the same tokens" if self.identical else "DIFFERENT tokens (a bug: DFlash is lossless)"
+        return (f"[in process, same prompt: DFlash {self.dflash_tokens_per_s:.1f} tokens/s against plain decoding "
+                f"{self.plain_tokens_per_s:.1f} tokens/s ({self.speedup:.2f}x), tau {self.tau:.2f}, "
+                f"{self.num_output_tokens} tokens, {same}]")
+
+
+def compare_with_plain(engine_dir: Path, prompt: str, max_tokens: int) -> PlainComparison:
+    """Generate `prompt` (through the chat template) greedily with DFlash at the engine's block size and
+    with plain decoding (block size 1), timed from the first token on (prefill excluded, as in `bench`)."""
+    from dflash_trt.decoding.api import generate
+    from dflash_trt.decoding.model.tokens import default_stop_ids, encode_prompt
+    from dflash_trt.decoding.step.sampling import SamplingParams
+    from dflash_trt.engine import load_engine
+
+    engine = load_engine(engine_dir)
+    target, drafter = engine.target, engine.drafter
+    prompt_ids = encode_prompt(target, prompt, chat=bool(getattr(target.tokenizer, "chat_template", None)))
+    params = SamplingParams(max_new_tokens=max_tokens, stop_token_ids=tuple(default_stop_ids(target)))
+    generate(target, drafter, [prompt_ids], SamplingParams(max_new_tokens=4), block_size=engine.block_size)  # warm
+    runs = {}
+    for name, block in (("plain", 1), ("dflash", engine.block_size)):
+        start = time.perf_counter()
+        result = generate(target, drafter, [prompt_ids], params, block_size=block)[0]
+        runs[name] = (result, time.perf_counter() - start - result.prefill_s)
+    (plain, plain_s), (spec, spec_s) = runs["plain"], runs["dflash"]
+    return PlainComparison(spec.num_output_tokens / max(spec_s, 1e-9), plain.num_output_tokens / max(plain_s, 1e-9),
+                           spec.num_output_tokens, spec.tau, spec.token_ids == plain.token_ids)

@@ -9,6 +9,16 @@ from dflash_trt.serving.requests import GenerationRequest, InvalidRequest, Reque
 # Values of the `chat_template` parameter besides a literal Jinja template.
 NO_TEMPLATE = "none"
 MODEL_TEMPLATE = "model"
+# The default: the tokenizer's own template when the target ships one, else the text verbatim. An instruct
+# model asked a bare question often answers with nothing at all; a base model has no template to apply.
+AUTO_TEMPLATE = "auto"
+
+
+def resolve_chat_template(option: str, tokenizer) -> str:
+    """'auto' becomes 'model' or 'none' by what the tokenizer ships; other values stay as they are."""
+    if option != AUTO_TEMPLATE:
+        return option
+    return MODEL_TEMPLATE if getattr(tokenizer, "chat_template", None) else NO_TEMPLATE
 
 
 @dataclass
@@ -16,7 +26,8 @@ class Preprocessor:
     """Turns a validated request into prompt token ids.
 
     chat_template: "none" feeds text_input verbatim; "model" wraps it as one user message with the
-    tokenizer's own template; anything else is used as the Jinja template itself.
+    tokenizer's own template; "auto" is "model" when the tokenizer has a template, else "none"; anything
+    else is used as the Jinja template itself.
     """
 
     tokenizer: object
@@ -24,6 +35,7 @@ class Preprocessor:
     chat_template: str = NO_TEMPLATE
 
     def __post_init__(self):
+        self.chat_template = resolve_chat_template(self.chat_template, self.tokenizer)
         if self.chat_template == MODEL_TEMPLATE and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("chat_template='model' but the tokenizer has no chat template")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from dflash_trt.decoding.step.tree_budget import check_tree_budget, verification_methods
 from dflash_trt.errors import DFlashError
 from dflash_trt.serving.canary import DEFAULT_CANARY_TOKENS
-from dflash_trt.serving.preprocess import MODEL_TEMPLATE, NO_TEMPLATE
+from dflash_trt.serving.preprocess import AUTO_TEMPLATE, MODEL_TEMPLATE, NO_TEMPLATE
 from dflash_trt.serving.trtllm_inputs import pbtxt_input_map, pbtxt_inputs, pbtxt_step_inputs
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository" / "templates"
@@ -39,7 +39,9 @@ class RepoConfig:
     engine_dir: Path
     out: Path
     engine_path: str | None = None  # the engine directory as the server sees it (container mount)
-    chat_template: str = NO_TEMPLATE  # "none", "model", or a Jinja file
+    # "auto" (the tokenizer's template when it has one), "none", "model", or a Jinja file. Library callers
+    # (benchmarks, tests) send prompts they formatted themselves; `dflash-trt repo` defaults to "auto".
+    chat_template: str = NO_TEMPLATE
     max_tokens_limit: int | None = None
     max_context_tokens: int | None = None
     max_prompt_bytes: int = 0  # largest text_input in bytes, refused before tokenizing; 0: context x 32
@@ -167,11 +169,11 @@ def _render_model(model: str, target: Path, values: dict) -> None:
 
 
 def chat_template_value(option: str) -> str:
-    if option in (NO_TEMPLATE, MODEL_TEMPLATE):
+    if option in (AUTO_TEMPLATE, NO_TEMPLATE, MODEL_TEMPLATE):
         return option
     path = Path(option)
     if not path.is_file():
-        raise DFlashError(f"chat template {option!r}: expected 'none', 'model' or a Jinja file")
+        raise DFlashError(f"chat template {option!r}: expected 'auto', 'none', 'model' or a Jinja file")
     return path.read_text()
 
 

@@ -19,7 +19,8 @@ FIGURE_KEYS = {"block_size", "num_prompts", "tau", "speedup", "identical", "acce
 def short_run(bench_engine, bench_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-out")
     code = main(["bench-report", "--engine", str(bench_engine), "--out", str(out), "--prompts-dir", str(bench_prompts),
-                 "--num-prompts", "2", "--max-new-tokens", "6", "--num-threads", "1", "--no-serving"])
+                 "--num-prompts", "2", "--max-new-tokens", "6", "--num-threads", "1", "--no-serving",
+                 "--report", str(out / "results.md")])
     return code, out
 
 
@@ -137,3 +138,56 @@ def test_served_table_shows_the_mean_block_size_and_plain_share_per_level():
     assert rows[("dflash", "16")][-4:-2] == ["1.25", "88%"]
     assert rows[("plain", "1")][-4:-2] == ["1.00", "100%"]
     assert rows[("plain", "16")][-4:-2] == ["-", "-"]  # a level without verify steps
+
+
+def test_the_markdown_report_states_provenance_and_the_figures_of_the_summary(short_run):
+    import re
+
+    from dflash_trt.benchmarks.markdown import current_commit
+
+    out = short_run[1]
+    summary, page = json.loads((out / "summary.json").read_text()), (out / "results.md").read_text()
+    assert re.search(r"^- Date: \d{4}-\d\d-\d\d \d\d:\d\d UTC; commit `[0-9a-f]{7,}", page, re.M)
+    assert current_commit().split()[0] in page
+    assert f"{summary['machine']['num_cpus']} cores" in page and "load average (1/5/15 min)" in page
+    command = re.search(r"```bash\n(.*)\n```", page).group(1)
+    assert command.startswith("dflash-trt bench-report --engine ") and "--report" in command
+    for family, data in summary["per_family"].items():
+        for size, figures in data["sweep"].items():
+            assert f"| {family} | {size} | {figures['tau']:.2f} | {figures['speedup']:.2f}x |" in page
+    assert "## Served through Triton" not in page  # --no-serving
+
+
+def test_the_markdown_report_has_the_served_table_when_serving_ran(short_run):
+    from dflash_trt.benchmarks.markdown import results_page
+
+    summary = json.loads((short_run[1] / "summary.json").read_text())
+    level = {"output_tokens_per_s": 42.5, "ttft_ms": {"p50": 120.0, "p99": 300.0}, "itl_ms": {"p50": 30.0, "p99": None},
+             "user_tokens_per_s": {"min": 9.5}, "drafting": {"mean_block_size": 3.25, "plain_step_share": 0.1},
+             "num_requests": 7, "num_errors": 0}
+    summary["serving"] = {"dflash": {"4": level}, "plain": {"4": {**level, "output_tokens_per_s": 21.25}},
+                          "speedup": {"4": 2.0}}
+    summary["settings"].update(duration_s=20.0, instances=1)
+    summary["machine"].update(load_average_serving_start=[5.0, 4.0, 3.0], load_average_end=[6.0, 5.0, 4.0])
+    page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "5.0 / 4.0 / 3.0 when serving started, 6.0 / 5.0 / 4.0 at the end" in page
+    assert "| dflash | 4 | 42.5 | 120 / 300 | 30 / - | 9.5 | 3.25 | 10% | 7 | 0 |" in page
+    assert "| plain | 4 | 21.2 |" in page and "2.00x at concurrency 4" in page
+
+
+def test_the_readme_table_is_rewritten_between_its_markers_only(short_run, tmp_path):
+    from dflash_trt.benchmarks.markdown import README_END, README_START, headline_table, update_readme
+
+    summary = json.loads((short_run[1] / "summary.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{README_START}\nold figures\n{README_END}\n\n## After\n")
+    table = headline_table(summary, "dflash-trt bench-report --engine e", "abc1234")
+    update_readme(readme, table)
+    text = readme.read_text()
+    assert text.startswith("# Title\n\n") and text.endswith(f"{README_END}\n\n## After\n")
+    assert "old figures" not in text and "commit `abc1234`" in text and "`dflash-trt bench-report --engine e`" in text
+    for size, figures in summary["sweep"].items():
+        assert f"| block {size}, all families | {figures['tau']:.2f} |" in text
+    readme.write_text("# No markers\n")
+    with pytest.raises(ValueError, match="has no results markers"):
+        update_readme(readme, table)

@@ -164,3 +164,10 @@ def test_triton_starts_under_the_launcher_the_values_name():
     assert "--launcher=auto" in container(_objects())["args"]  # mpirun for TensorRT-LLM engines
     assert "--launcher=mpirun" in container(_objects("gpt-oss-120b-tp8"))["args"]
     assert "--launcher=plain" in container(_objects(server={"launcher": "plain"}))["args"]
+
+
+def test_with_the_openai_gateway_the_repository_is_rendered_without_a_chat_template():
+    # The gateway templates whole conversations itself; a repository that templates too (the default, auto)
+    # would serve single-user-message chats only.
+    assert "--chat-template=none" in container(_objects(openai={"enabled": True}), "prepare")["args"]
+    assert not any(a.startswith("--chat-template") for a in container(_objects(), "prepare")["args"])

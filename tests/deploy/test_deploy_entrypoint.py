@@ -232,3 +232,14 @@ def test_waits_for_every_process_of_the_step_when_its_leader_exits_first(tmp_pat
     )
     result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["0", "True"], result.stderr
+
+
+def test_the_repository_gets_no_chat_template_when_the_openai_gateway_runs(tmp_path):
+    base = ("--project-dir", "/opt/dflash-trt", "--data-dir", str(tmp_path), "serve", "--model", "smollm2-135m")
+    (repo,) = [step for step in _steps(*base, "--openai-port", "9000") if step[4] == "repo"]
+    assert "REPO_ARGS=--chat-template none" in repo
+    (repo,) = [step for step in _steps(*base) if step[4] == "repo"]
+    assert not any(arg.startswith("REPO_ARGS=") for arg in repo)  # `dflash-trt repo`'s default: auto
+    prepare = _steps("--project-dir", "/opt/dflash-trt", "--data-dir", str(tmp_path), "prepare", "--model",
+                     "smollm2-135m", "--chat-template", "none")
+    assert "REPO_ARGS=--chat-template none" in prepare[-1]

@@ -57,7 +57,8 @@ def test_the_version_floor_is_the_newest_documented_release():
     assert MIN_TRTLLM_VERSION == "1.4.0rc4" and version_key("1.3.0rc27") < version_key(MIN_TRTLLM_VERSION)
 
 
-@pytest.mark.parametrize("path", ["deploy/docker/requirements-gpu.txt", "deploy/README.md", "README.md"])
+@pytest.mark.parametrize("path", ["deploy/docker/requirements-gpu.txt", "deploy/README.md", "README.md",
+                                  "docs/engines.md"])
 def test_requirements_and_docs_name_the_same_floor(path):
     assert f">= {MIN_TRTLLM_VERSION}" in (ROOT / path).read_text()
 

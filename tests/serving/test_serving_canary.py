@@ -52,14 +52,27 @@ def runtime_for(pair: Path, drafter: str | None, block_size: int = BLOCK_SIZE) -
 def test_a_matched_drafter_reads_as_healthy(canary_pair):
     result = canary.run_canary(runtime_for(canary_pair, "good"), 24)
     # Every draft accepted; tau is the tokens per verify step, the last block shrunk to the 7 tokens left.
+    assert result.num_prompts == len(canary.CANARY_PROMPTS) and result.num_output_tokens == 24 * result.num_prompts
     assert result.acceptance_rate == 1.0 and result.tau == (24 - 1) / 3 and not result.is_near_zero
     level, message = canary.describe(result)
     assert level == "info" and "accepted (100.0%)" in message and "NEAR ZERO" not in message
+    assert "tau 7.67 (tokens per verify step" in message
+
+
+def test_a_low_rate_with_a_real_gain_is_not_near_zero():
+    # The shipped demo pair at block 8: about one of seven drafts accepted per step. The rate (14 %) reads
+    # as broken, tau 2 is a real gain: the canary must not cry wolf (it did, judging by the rate).
+    healthy = canary.CanaryResult(block_size=8, num_spec_steps=20, num_draft_tokens=140, num_accepted_tokens=20,
+                                  num_output_tokens=40, acceptance_rate=20 / 140, tau=2.0)
+    assert not healthy.is_near_zero and canary.describe(healthy)[0] == "info"
+    collapsed = canary.CanaryResult(block_size=8, num_spec_steps=30, num_draft_tokens=210, num_accepted_tokens=2,
+                                    num_output_tokens=32, acceptance_rate=2 / 210, tau=32 / 30)
+    assert collapsed.is_near_zero and canary.describe(collapsed)[0] == "warn"
 
 
 def test_a_useless_drafter_is_reported_plainly(canary_pair):
     result = canary.run_canary(runtime_for(canary_pair, "useless"), 24)
-    assert result.is_near_zero and result.num_spec_steps >= 3 and result.num_output_tokens == 24
+    assert result.is_near_zero and result.num_spec_steps >= 3 and result.num_output_tokens == 24 * 3
     level, message = canary.describe(result)
     assert level == "warn" and "ACCEPTANCE NEAR ZERO" in message and "no speedup" in message
 
@@ -69,10 +82,18 @@ def test_plain_decoding_has_nothing_to_measure(canary_pair):
     assert not result.is_near_zero and canary.describe(result)[1].startswith("dflash canary: no drafts")
 
 
-def test_the_prompt_goes_through_the_engines_chat_template(smollm2_tokenizer):
-    ids = canary.canary_prompt_ids(smollm2_tokenizer)
-    text = smollm2_tokenizer.decode(ids)
-    assert "<|im_start|>user" in text and canary.CANARY_PROMPT in text and text.rstrip().endswith("assistant")
+def test_the_prompts_go_through_the_engines_chat_template(smollm2_tokenizer):
+    for prompt in canary.CANARY_PROMPTS:
+        text = smollm2_tokenizer.decode(canary.canary_prompt_ids(smollm2_tokenizer, prompt))
+        assert "<|im_start|>user" in text and prompt in text and text.rstrip().endswith("assistant")
+
+
+def test_the_prompts_are_real_held_out_prompts():
+    from dflash_trt.data.prompts import load_prompts
+
+    root = Path(__file__).resolve().parents[2] / "data" / "prompts"
+    held_out = {prompt for _family, prompt in load_prompts(root, "heldout", ("chat", "code", "math"))}
+    assert set(canary.CANARY_PROMPTS) <= held_out
 
 
 def test_check_at_load_logs_and_exports(canary_pair, fake_pb):
@@ -95,7 +116,7 @@ def test_the_sampled_canary_really_samples(canary_pair):
     runtime = runtime_for(canary_pair, "good")
     greedy = canary.run_canary(runtime, 24)
     sampled = canary.run_canary(runtime, 24, temperature=canary.CANARY_TEMPERATURE)
-    assert greedy.acceptance_rate == 1.0 and sampled.is_near_zero and sampled.num_output_tokens == 24
+    assert greedy.acceptance_rate == 1.0 and sampled.is_near_zero and sampled.num_output_tokens == 24 * 3
     level, message = canary.describe(sampled)
     assert level == "warn" and "use_rejection_sampling: true" in message
     again = canary.run_canary(runtime, 24, temperature=canary.CANARY_TEMPERATURE)
@@ -138,9 +159,9 @@ def test_tritonserver_log_and_metrics_show_a_useless_drafter(canary_pair, tmp_pa
     assert "dflash canary: ACCEPTANCE NEAR ZERO at load" in log, log[-3000:]
     rate = float(re.search(r'^dflash_canary_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
     tau = float(re.search(r'^dflash_canary_acceptance_length\{model="dflash"\} (\S+)$', page, re.M).group(1))
-    assert rate < canary.NEAR_ZERO_ACCEPTANCE and 1.0 <= tau < 1.5
+    assert rate < 0.05 and 1.0 <= tau < 1.0 + canary.NEAR_ZERO_ACCEPTED_PER_STEP
     sampled = float(re.search(r'^dflash_canary_sampled_acceptance_rate\{model="dflash"\} (\S+)$', page, re.M).group(1))
-    assert sampled < canary.NEAR_ZERO_ACCEPTANCE and "sampled at temperature 1:" in log
+    assert sampled < 0.05 and "sampled at temperature 1:" in log
 
 
 def test_a_target_without_a_tokenizer_still_gets_its_canary(tmp_path):

@@ -24,7 +24,7 @@ def test_streams_an_answer_and_prints_tau(tiny_engine, tmp_path, capsys):
     assert answer.text and printed.endswith(answer.text)  # echoed as the chunks arrived
     assert answer.num_chunks >= 2 and answer.tau >= 1.0
     assert any(line.startswith("Triton is ready") for line in lines)
-    assert lines[-1].startswith("[tau ") and "stopping Triton" in lines[-2]
+    assert lines[-1].startswith("[served: ") and "tau " in lines[-1] and "stopping Triton" in lines[-2]
 
 
 @pytest.mark.slow
@@ -33,4 +33,15 @@ def test_make_demo_serves_the_demo_pair():
     result = subprocess.run([sys.executable, "-m", "dflash_trt.cli", "demo", "--max-new-tokens", "32"],
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Triton is ready" in result.stdout and "[tau " in result.stdout
+    assert "Triton is ready" in result.stdout and "tau " in result.stdout
+    assert "tokens/s against plain decoding" in result.stdout and "the same tokens" in result.stdout
+
+
+def test_the_demo_times_dflash_against_plain_decoding(tiny_engine):
+    from dflash_trt.serving.demo import compare_with_plain
+
+    comparison = compare_with_plain(tiny_engine, "Hello there", 12)
+    assert comparison.identical and comparison.num_output_tokens >= 1 and comparison.tau >= 1.0
+    assert comparison.dflash_tokens_per_s > 0 and comparison.plain_tokens_per_s > 0
+    line = comparison.describe()
+    assert "tokens/s against plain decoding" in line and "the same tokens" in line and "x), tau " in line

@@ -103,7 +103,7 @@ def test_both_text_entries_refuse_prompts_by_the_same_byte_limit(tiny_engine, tm
 
 
 def test_rejects_a_chat_template_that_is_neither_a_keyword_nor_a_file(tiny_engine, tmp_path):
-    with pytest.raises(DFlashError, match="expected 'none', 'model' or a Jinja file"):
+    with pytest.raises(DFlashError, match="expected 'auto', 'none', 'model' or a Jinja file"):
         render_repository(RepoConfig(tiny_engine, tmp_path, chat_template="chatml"))
 
 
