@@ -81,7 +81,38 @@ def results_page(summary: dict, command: str, commit: str | None = None, refresh
     lines += ["", f"Acceptance lengths at block {summary['block_size']} (verify steps, all families): {histogram}."]
     if summary.get("serving"):
         lines += ["", *_serving_section(summary["serving"], s)]
+    if summary.get("multi_turn"):
+        lines += ["", *_multi_turn_section(summary["multi_turn"])]
     return "\n".join(lines) + "\n"
+
+
+def _multi_turn_section(multi_turn: dict) -> list[str]:
+    """The multi-turn scenario (multi_turn.py): every level with the prefix cache and without, same run."""
+    lines = [
+        "## Multi-turn conversations and the prefix cache",
+        "",
+        f"{multi_turn['num_conversations']} held-out ShareGPT conversations replayed turn by turn (each turn's prompt: "
+        f"the earlier turns with the model's own answers), in process on one scheduler, block "
+        f"{multi_turn['block_size']}, with a {multi_turn['prefix_cache_bytes'] / 2**20:.0f} MiB prefix cache and "
+        "without, each pass starting cold ([prefix-cache.md](prefix-cache.md)).",
+        "",
+        "| conversations in flight | cache | TTFT turn 1 p50 / p99 (ms) | TTFT turns 2+ p50 / p99 (ms) | output tok/s "
+        "| tau | hit rate | peak cache MiB |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for level, data in multi_turn["levels"].items():
+        for name in ("no_cache", "cache"):
+            r = data[name]
+            lines.append(f"| {level} | {'on' if name == 'cache' else 'off'} | {_pair(r['ttft_ms_first_turn'])} | "
+                         f"{_pair(r['ttft_ms_later_turns'])} | {r['output_tokens_per_s']:.1f} | {r['tau']:.2f} | "
+                         f"{100 * r['hit_rate']:.0f}% | {r['peak_cache_bytes'] / 2**20:.1f} |")
+        speedup = data["ttft_p50_speedup_later_turns"]
+        notes.append(f"- {level} in flight: turns 2+ reach their first token {_times(speedup)} sooner with the cache "
+                     f"(p50); output differences {data['output_differences']}, acceptance differences "
+                     f"{data['acceptance_differences']}, cache within its budget: "
+                     f"{'yes' if data['cache']['within_budget'] else 'NO'}.")
+    return lines + [""] + notes
 
 
 def _serving_section(serving: dict, settings: dict) -> list[str]:
