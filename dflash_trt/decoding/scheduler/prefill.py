@@ -113,10 +113,28 @@ class PrefillJob:
 
 
 def store_prefixes(job: PrefillJob, cache: PrefixCache) -> None:
-    """Put the full prompt blocks of a finished prefill into the prefix cache (its rows are left-padded)."""
+    """Put the full prompt blocks of a finished prefill into the prefix cache (its rows are left-padded), and have
+    its requests record their features from here on (store_answer)."""
     layers, features = job.cache.layers, job.features()
     for row, request in enumerate(job.requests):
         start, length = int(job.pad[row]), len(request.prompt)
         keys = [layer.keys[row, :, start:start + length] for layer in layers]
         values = [layer.values[row, :, start:start + length] for layer in layers]
-        cache.insert(request.prompt, keys, values, None if features is None else features[row, :length])
+        prompt_features = None if features is None else features[row, :length]
+        cache.insert(request.prompt, keys, values, prompt_features)
+        request.history_features = [] if prompt_features is None else [prompt_features]
+
+
+def store_answer(batch, row: int, cache: PrefixCache) -> None:
+    """Put the full blocks of a finished request's prompt and answer into the prefix cache: the next turn of a
+    chat resends both. Every committed position but the last token's (whose KV no forward wrote) is cached, with
+    the KV of the batch's row and the features the request recorded."""
+    request = batch.requests[row]
+    tokens = request.prompt + request.result.token_ids
+    length = min(len(tokens) - 1, int(batch.cache.lengths[row]))
+    keys = [k[row, :, :length] for k in batch.cache.keys]
+    values = [v[row, :, :length] for v in batch.cache.values]
+    features = torch.cat(request.history_features)[:length] if request.history_features else None
+    if features is not None and features.shape[0] < length:
+        return  # internal invariant: a position without its features is never cached
+    cache.insert(tokens[:length], keys, values, features)

@@ -34,7 +34,7 @@ from typing import Hashable, Sequence
 
 from dflash_trt.decoding.model.protocols import Drafter, Target
 from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, BlockSizePolicy, tree_budget_ladder
-from dflash_trt.decoding.scheduler.prefill import PrefillJob, store_prefixes
+from dflash_trt.decoding.scheduler.prefill import PrefillJob, store_answer, store_prefixes
 from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
 from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
@@ -205,9 +205,20 @@ class Scheduler:
 
     def _leave(self) -> None:
         if self.running is not None:
+            self._store_answers(self.running)
             self.running.drop_finished()
             if not self.running.requests:
                 self.running = None
+
+    def _store_answers(self, batch: RunningBatch) -> None:
+        """Cache the prompt and answer of every request of `batch` that finished (not cancelled) this step."""
+        if self.prefix_cache is None:
+            return
+        for row, request in enumerate(batch.requests):
+            if request.is_finished and request.result.finish_reason != "cancelled" \
+                    and request.history_features is not None:
+                store_answer(batch, row, self.prefix_cache)
+                request.history_features = None
 
     def _admit(self) -> None:
         """Form the next prefill group from the head of the queue, within the limits. A request whose prompt
@@ -278,6 +289,7 @@ class Scheduler:
             outputs += self._decode(batch, first=True)
             if self.drafter is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
                 absorb_context(self.target, self.drafter, batch)  # a block of 1 left the prompt pending
+            self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:
             if self.running is None:

@@ -39,6 +39,9 @@ class Request:
         self.reserved_tokens = len(self.prompt) + params.max_new_tokens + self.verify_slots  # KV slots at most
         self.decode_start = 0.0
         self.prefix_hit = None  # the scheduler's prefix-cache lookup, until the prefill copied it
+        # With a prefix cache: the target features of every committed position (prompt, then each step's kept
+        # slots), so that the finished request's answer can be cached too; None: not recorded.
+        self.history_features: list[torch.Tensor] | None = None
 
     @property
     def is_finished(self) -> bool:

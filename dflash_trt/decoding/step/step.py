@@ -134,6 +134,9 @@ def commit_block(target: Target, batch: RunningBatch, block: torch.Tensor, verif
         features = verified.features if accepted.keep is None else torch.gather(
             verified.features, 1, accepted.keep[:, :, None].expand(-1, -1, verified.features.shape[2]))
         batch.append_features(features[:, :num_kept], num_accepted + 1)
+        for row, (request, kept) in enumerate(zip(batch.requests, (num_accepted + 1).tolist())):
+            if request.history_features is not None:
+                request.history_features.append(features[row, :kept])
     batch.trim()
 
     num_drafts = (verified.verify.lengths - 1).tolist() if drafted else [0] * len(batch.requests)
