@@ -14,9 +14,10 @@ of those positions produces and what decoding later reads:
 
 A request whose prompt starts with cached blocks gets their KV and features copied into its own prefill and
 computes only the rest; at least its last prompt token is always computed (the first output token needs its
-logits). A finished request's answer is cached as well (prefill.store_answer: the next turn of a chat resends it),
-from the KV of its batch row and the features it recorded while it ran. Blocks are copied in and out, never shared, so a block can be evicted while a request that used it is
-still running, and the KV bound of the scheduler (max_kv_tokens) is unchanged. The cache holds at most
+logits). A finished request's answer is cached as well (prefill.store_answer: the next turn of a chat resends
+it), from the KV of its batch row and the features it recorded while it ran. Blocks are copied in and out, never
+shared, so a block can be evicted while a request that used it is still running, and the KV bound of the
+scheduler (max_kv_tokens) is unchanged. The cache holds at most
 `max_bytes`; when it needs room it evicts the least recently used blocks (a prefix's blocks are touched from the
 last to the first, so the deepest go first and no block is kept without its parent being more recent).
 """
