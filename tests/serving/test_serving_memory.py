@@ -8,6 +8,7 @@ a metric label per request, a cancel mark never cleared) grows with the count an
 
 from __future__ import annotations
 
+import collections
 import gc
 import random
 import time
@@ -72,6 +73,15 @@ def wait_final(request, timeout_s: float = 300.0) -> None:
         time.sleep(0.002)
 
 
+def wait_idle(service, timeout_s: float = 300.0) -> None:
+    """Until the batch loop has nothing left to run: a measurement taken while its thread still finishes a step
+    would count that step's temporaries."""
+    loop, deadline = service._loop, time.monotonic() + timeout_s
+    while loop._jobs or loop._inbox or loop.scheduler.has_unfinished:
+        assert time.monotonic() < deadline, "the batch loop never became idle"
+        time.sleep(0.002)
+
+
 def python_bytes() -> int:
     """Bytes Python holds right now (tracemalloc: every object, dict entry and string, not torch's tensors)."""
     gc.collect()
@@ -83,15 +93,18 @@ def test_python_memory_does_not_grow_with_the_number_of_requests(service):
     lists, the block-size policy's tables), the second too may still add to them; only the third must add
     (next to) nothing. Something kept per request grows by the same amount in every phase."""
     pb, svc = service
+    pb.Logger.lines = collections.deque(maxlen=1)  # the test's logger keeps every line; the service keeps none
     rng = random.Random(0)
     tracemalloc.start()
     try:
         run_requests(pb, svc, WARMUP, rng)
         growth = []
         for _phase in range(2):
+            wait_idle(svc)
             before = python_bytes()
             snapshot = tracemalloc.take_snapshot()
             run_requests(pb, svc, MEASURED, rng)
+            wait_idle(svc)
             growth.append(python_bytes() - before)
         top = tracemalloc.take_snapshot().compare_to(snapshot, "lineno")[:3]
     finally:
