@@ -46,11 +46,8 @@ def make_prompts(target: TargetModel) -> list[list[int]]:
     return [first, system + tails[1], system[:30] + tails[2], first + answer + tails[3], system + tails[4]]
 
 
-def run(target, drafter, prompts, cache: PrefixCache | None, monkeypatch, after_step=None, chunk=None) -> dict:
-    """Drive a scheduler through ARRIVALS; per request: tokens, acceptance lengths, every step's drafts and the
-    cached token count. Without chunking (chunk None) every prefill takes one step, hit or not, so both runs
-    batch the same rows at every step and even the drafts must agree to the bit; with chunked prefill a hit
-    finishes its prefill sooner and the batches differ, which leaves tokens exact but may flip a near-tie draft."""
+def record_drafts(monkeypatch) -> dict:
+    """Every row's drafts of every step, by request id, from now until monkeypatch.undo()."""
     drafts: dict = {}
     original = decoding.draft_block
 
@@ -61,6 +58,15 @@ def run(target, drafter, prompts, cache: PrefixCache | None, monkeypatch, after_
         return block, proposal
 
     monkeypatch.setattr(decoding, "draft_block", recording_draft_block)
+    return drafts
+
+
+def run(target, drafter, prompts, cache: PrefixCache | None, monkeypatch, after_step=None, chunk=None) -> dict:
+    """Drive a scheduler through ARRIVALS; per request: tokens, acceptance lengths, every step's drafts and the
+    cached token count. Without chunking (chunk None) every prefill takes one step, hit or not, so both runs
+    batch the same rows at every step and even the drafts must agree to the bit; with chunked prefill a hit
+    finishes its prefill sooner and the batches differ, which leaves tokens exact but may flip a near-tie draft."""
+    drafts = record_drafts(monkeypatch)
     scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=4, prefill_chunk_tokens=chunk),
                           FixedBlockSize(BLOCK), prefix_cache=cache)
     results, cached, step = {}, {}, 0
@@ -232,15 +238,7 @@ def test_a_finished_answer_is_cached_for_the_next_turn(family, kind, tmp_path, m
     first, second = prompts[0], prompts[3]  # second = first + its greedy answer + a new question
 
     def two_turns(cache):
-        drafts, original = {}, decoding.draft_block
-
-        def recording_draft_block(target, drafter, batch, block_size, block_lens=None, top_k=0):
-            block, proposal = original(target, drafter, batch, block_size, block_lens, top_k)
-            for row, request in enumerate(batch.requests):
-                drafts.setdefault(request.request_id, []).append(block[row, 1:].tolist())
-            return block, proposal
-
-        monkeypatch.setattr(decoding, "draft_block", recording_draft_block)
+        drafts = record_drafts(monkeypatch)
         scheduler = Scheduler(target, drafter, BLOCK, SchedulerLimits(max_batch_size=2), FixedBlockSize(BLOCK),
                               prefix_cache=cache)
         results = {}
