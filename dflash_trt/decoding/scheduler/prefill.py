@@ -42,6 +42,7 @@ class PrefillJob:
         self.cache = target.new_cache()
         self.done_columns = 0
         self._features: list[torch.Tensor] = []
+        self._gathered: torch.Tensor | None = None  # features(), once the last chunk is in
         self._last_logits: torch.Tensor | None = None
         self.elapsed_s = 0.0
         if hit is not None and hit.blocks:
@@ -83,7 +84,13 @@ class PrefillJob:
 
     def features(self) -> torch.Tensor | None:
         """[B, width, F] the target features of every prompt position, left-aligned (row i of request b = prompt
-        position i), or None without a drafter."""
+        position i), or None without a drafter. Gathered once when the prefill is done (finish and the prefix
+        cache both read them)."""
+        if self._gathered is None and self.is_done:
+            self._gathered = self._gather_features()
+        return self._gathered
+
+    def _gather_features(self) -> torch.Tensor | None:
         if not self._features:
             return None
         padded = torch.cat(self._features, dim=1)
