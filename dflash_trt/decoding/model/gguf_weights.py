@@ -1,7 +1,7 @@
-"""A GGUF target's linear layers at their shipped precision (kernels/int4_linear.py), instead of float32.
+"""A GGUF target's linear layers at their shipped precision (kernels/block_quant.py), instead of float32.
 
 Transformers loads a GGUF by dequantizing every tensor to float; `quantize_like_gguf` then replaces the
-model's linear layers (attention, MLP, output head) by Int4Linear modules built from the GGUF's own blocks:
+model's linear layers (attention, MLP, output head) by BlockQuantLinear modules built from the GGUF's own blocks:
 its codes, its fp16 block scales and, for Q4_1, its block minimums. The token embedding stays the float
 table transformers made (a lookup reads a few rows, not the table; Q8_0 dequantizes exactly to float32).
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dflash_trt.decoding.kernels.int4_linear import GROUP, Int4Linear, Int4Plane, int4_available
+from dflash_trt.decoding.kernels.block_quant import GROUP, BlockQuantLinear, QuantBlocks
 from dflash_trt.errors import ConfigError
 
 # GGUF tensor name (inside blk.N.) -> module path inside a Hugging Face Llama decoder layer.
@@ -37,25 +37,24 @@ SUPPORTED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 LOAD_CHECK_TOLERANCE = 1e-5
 
 
-def decode_blocks(raw: np.ndarray, kind: str) -> list[Int4Plane]:
-    """The int4 planes of a GGUF tensor's raw blocks: raw [N, blocks * block_bytes] uint8, kind its type."""
+def decode_blocks(raw: np.ndarray, kind: str) -> QuantBlocks:
+    """The blocks of a GGUF tensor: raw [N, blocks * block_bytes] uint8, kind its type."""
     rows = raw.shape[0]
     if kind == "Q4_0":
         blocks = raw.reshape(rows, -1, 18)
         d = _fp16(blocks[..., 0:2])
-        return [Int4Plane(_nibbles(blocks[..., 2:18]), d, -8 * d)]
+        return QuantBlocks(_nibbles(blocks[..., 2:18]), d, -8 * d, bits=4)
     if kind == "Q4_1":
         blocks = raw.reshape(rows, -1, 20)
-        return [Int4Plane(_nibbles(blocks[..., 4:20]), _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4]))]
+        return QuantBlocks(_nibbles(blocks[..., 4:20]), _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4]), bits=4)
     if kind == "Q8_0":
         blocks = raw.reshape(rows, -1, 34)
         d = _fp16(blocks[..., 0:2])
+        # Unsigned codes q + 128: d * q = d * (q + 128) - 128d, exactly (-128d is a float16 value too).
         shifted = torch.from_numpy(blocks[..., 2:34].copy().view(np.int8).astype(np.int16) + 128).reshape(rows, -1)
-        # q + 128 = 16 * high + low: d * q = 16d * high + d * low - 128d, exactly.
-        return [Int4Plane((shifted // 16).to(torch.uint8), 16 * d, -128 * d),
-                Int4Plane((shifted % 16).to(torch.uint8), d, torch.zeros_like(d))]
-    raise ConfigError(f"GGUF tensor type {kind} has no int4 kernel here (supported: {', '.join(SUPPORTED_TYPES)}); "
-                      "load the target with --weights float32")
+        return QuantBlocks(shifted.to(torch.uint8), d, -128 * d, bits=8)
+    raise ConfigError(f"GGUF tensor type {kind} has no kernel here (supported: {', '.join(SUPPORTED_TYPES)}); "
+                      "load the target with --weights float")
 
 
 def _fp16(two_bytes: np.ndarray) -> torch.Tensor:
@@ -69,11 +68,10 @@ def _nibbles(packed: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([low, high], axis=-1).reshape(packed.shape[0], -1).copy())
 
 
-def _permute_rows(planes: list[Int4Plane], heads: int) -> list[Int4Plane]:
+def _permute_rows(blocks: QuantBlocks, heads: int) -> QuantBlocks:
     """Undo llama.cpp's rotary row interleave of q/k (what transformers does to the float weight)."""
-    rows = planes[0].codes.shape[0]
-    order = torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
-    return [Int4Plane(p.codes[order], p.scale[order], p.offset[order]) for p in planes]
+    rows = blocks.codes.shape[0]
+    return blocks.rows(torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1))
 
 
 def gguf_tensor_types(path: str | Path) -> dict[str, str]:
@@ -84,19 +82,17 @@ def gguf_tensor_types(path: str | Path) -> dict[str, str]:
 
 
 def quantize_like_gguf(model: nn.Module, path: str | Path) -> int:
-    """Replace model's linear layers by Int4Linear built from the GGUF at `path`; returns how many.
+    """Replace model's linear layers by BlockQuantLinear built from the GGUF at `path`; returns how many.
 
     Raises ConfigError (one line, what to do) for an architecture or tensor type this cannot map.
     """
     from gguf import GGUFReader
 
-    if not int4_available():
-        raise ConfigError("this PyTorch build has no CPU int4 kernel; load the target with --weights float32")
     reader = GGUFReader(str(path))
     arch = _field_text(reader, "general.architecture")
     if arch != "llama":
         raise ConfigError(f"{path}: --weights gguf maps llama GGUFs only (this one is {arch}); "
-                          "use --weights float32")
+                          "use --weights float")
     config = model.config
     layers = model.model.layers
     replaced = 0
@@ -107,12 +103,12 @@ def quantize_like_gguf(model: nn.Module, path: str | Path) -> int:
             owner, attr = _resolve(layers[int(parts[1])], LLAMA_LAYER_TENSORS[parts[2]])
         else:
             continue
-        planes = decode_blocks(np.asarray(tensor.data), tensor.tensor_type.name)
+        blocks = decode_blocks(np.asarray(tensor.data), tensor.tensor_type.name)
         if parts[2] == "attn_q":
-            planes = _permute_rows(planes, config.num_attention_heads)
+            blocks = _permute_rows(blocks, config.num_attention_heads)
         elif parts[2] == "attn_k":
-            planes = _permute_rows(planes, config.num_key_value_heads)
-        _replace(owner, attr, planes, name)
+            blocks = _permute_rows(blocks, config.num_key_value_heads)
+        _replace(owner, attr, blocks, name)
         replaced += 1
     # The output head: its own tensor, or the token embedding when the two are tied.
     head = tensors.get("output.weight") or tensors["token_embd.weight"]
@@ -132,24 +128,24 @@ def _resolve(module: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return module, attr
 
 
-def _replace(owner: nn.Module, attr: str, planes: list[Int4Plane], name: str) -> None:
+def _replace(owner: nn.Module, attr: str, blocks: QuantBlocks, name: str) -> None:
     linear = getattr(owner, attr)
     if getattr(linear, "bias", None) is not None:
-        raise ConfigError(f"GGUF tensor {name}: a linear layer with a bias has no int4 mapping here; "
-                          "use --weights float32")
-    rebuilt = sum(plane.dequantize() for plane in planes)
+        raise ConfigError(f"GGUF tensor {name}: a linear layer with a bias has no block mapping here; "
+                          "use --weights float")
+    rebuilt = blocks.dequantize()
     if rebuilt.shape != linear.weight.shape or not torch.allclose(rebuilt, linear.weight.float(), rtol=0,
                                                                    atol=LOAD_CHECK_TOLERANCE):
         raise ConfigError(f"GGUF tensor {name}: its blocks do not rebuild the loaded weight; "
-                          "use --weights float32")
-    setattr(owner, attr, Int4Linear(planes))
+                          "use --weights float")
+    setattr(owner, attr, BlockQuantLinear(blocks))
 
 
 def weight_bytes_per_step(model: nn.Module) -> int:
     """Bytes of weights one decoding step reads: every linear layer once (the embedding lookup is a few rows)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Int4Linear):
+        if isinstance(module, BlockQuantLinear):
             total += module.weight_bytes()
         elif isinstance(module, nn.Linear):
             total += module.weight.numel() * module.weight.element_size()

@@ -39,6 +39,9 @@ class TargetModel:
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.layers = _decoder_layers(model, source)
         self._draft_head: nn.Module | None = None
+        # The attention every forward runs, when not the model's own: ROWWISE (batch-invariant) for a target at
+        # its GGUF precision, set by load_target.
+        self.attention_override: str | None = None
         register_grouped_sdpa()
 
     @property
@@ -84,6 +87,17 @@ class TargetModel:
         self._draft_head = BF16Head(head.weight)
         return True
 
+    def use_rowwise_attention(self) -> None:
+        """Run every forward's attention batch-invariantly (kernels/rowwise_attention.py): with the GGUF-precision
+        linear layers, a token's outputs then do not depend on how many tokens are computed with it."""
+        from dflash_trt.decoding.kernels.rowwise_attention import ROWWISE, register_rowwise_attention
+
+        if self.config._attn_implementation != "sdpa":
+            raise ConfigError(f"{self.source}: rowwise attention replaces sdpa attention, not "
+                              f"{self.config._attn_implementation!r}")
+        register_rowwise_attention()
+        self.attention_override = ROWWISE
+
     def new_cache(self):
         # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill uses
         # it (the model builds its masks from a 2D padding mask), then batch_cache takes it over.
@@ -122,16 +136,18 @@ class TargetModel:
         """
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
-        # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only.
+        # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only; a GGUF-precision
+        # target runs the batch-invariant rowwise attention in every forward.
         attention = self.config._attn_implementation
-        grouped = isinstance(cache, BatchKVCache) and attention == "sdpa"
+        override = self.attention_override or (
+            GROUPED_SDPA if isinstance(cache, BatchKVCache) and attention == "sdpa" else None)
         try:
-            if grouped:
-                self.config._attn_implementation = GROUPED_SDPA
+            if override:
+                self.config._attn_implementation = override
             out = self.model(input_ids=token_ids, position_ids=position_ids, attention_mask=attention_mask,
                              past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
-            if grouped:
+            if override:
                 self.config._attn_implementation = attention
             for hook in hooks:
                 hook.remove()
@@ -206,6 +222,8 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
     if pack:
         pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
     target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
+    if shipped:
+        target.use_rowwise_attention()
     target.use_bf16_draft_head()
     return target
 

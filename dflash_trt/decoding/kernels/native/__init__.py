@@ -1,0 +1,102 @@
+"""Build and load the batch-invariant CPU kernels (cpu_kernels.cpp): torch.ops.dflash_cpu.block_matmul and
+torch.ops.dflash_cpu.rowwise_attention.
+
+The library is compiled once per (source, torch version) with the C++ compiler and torch's own include and library
+paths, into plugins/build/cpu_ext/<hash>/ under a file lock (parallel callers wait for one another); it takes
+about half a minute the first time. No CMake or ninja is needed: one g++ command.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from dflash_trt.decoding.kernels.plugin.build import DEFAULT_BUILD_DIR
+from dflash_trt.errors import ConfigError
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+LIBRARY_NAME = "libdflash_cpu_kernels.so"
+# The C++ compiler to use (default: $CXX, else g++).
+COMPILER_ENV = "CXX"
+
+
+class NativeKernelsUnavailable(ConfigError):
+    """The CPU kernels cannot be built here (no C++ compiler, or it failed)."""
+
+
+def compile_command(compiler: str, out: Path) -> list[str]:
+    """The one g++ command that builds the library (pure; tested without compiling)."""
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [compiler, "-std=c++20", "-O3", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{d}" for d in cpp_extension.include_paths()), str(SOURCE),
+            *(f"-L{d}" for d in cpp_extension.library_paths()),
+            *(f"-Wl,-rpath,{d}" for d in cpp_extension.library_paths()),
+            "-lc10", "-ltorch_cpu", "-ltorch", "-o", str(out)]
+
+
+def _source_hash() -> str:
+    digest = hashlib.sha256(f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    digest.update(SOURCE.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build_library(build_root: Path = DEFAULT_BUILD_DIR) -> Path:
+    """Compile the library unless already built; its path."""
+    compiler = shutil.which(os.environ.get(COMPILER_ENV, "g++"))
+    out_dir = build_root / "cpu_ext" / _source_hash()
+    out = out_dir / LIBRARY_NAME
+    if out.is_file():
+        return out
+    if compiler is None:
+        raise NativeKernelsUnavailable("the GGUF-precision CPU kernels need a C++ compiler (g++; set CXX to another); "
+                                       "install one or load the target with --weights float")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_file():
+            tmp = out.with_suffix(".tmp")
+            proc = subprocess.run(compile_command(compiler, tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+            if proc.returncode != 0:
+                raise NativeKernelsUnavailable(f"building {SOURCE.name} failed:\n{proc.stdout[-3000:]}")
+            tmp.rename(out)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> None:
+    """Register torch.ops.dflash_cpu.*, building the library first if needed."""
+    torch.ops.load_library(str(build_library()))
+
+
+def block_matmul(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, o: torch.Tensor, bits: int,
+                 out_features: int) -> torch.Tensor:
+    load()
+    return torch.ops.dflash_cpu.block_matmul(x, codes, d, o, bits, out_features)
+
+
+def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    load()
+    return torch.ops.dflash_cpu.rowwise_attention(query, key, value, mask, scale)
+
+
+def has_vnni() -> bool:
+    """True where the int8 dot products run as AVX512-VNNI (else the scalar path)."""
+    load()
+    return bool(torch.ops.dflash_cpu.has_vnni())
+
+
+def use_vector_kernels(enabled: bool) -> None:
+    """False: every op takes its scalar path (the one a CPU without AVX512 runs); for tests."""
+    load()
+    torch.ops.dflash_cpu.use_vector_kernels(enabled)
