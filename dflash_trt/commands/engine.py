@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     parser.add_argument("--kv-block-reuse", action=argparse.BooleanOptionalAction, default=None,
                         help="trtllm: reuse KV-cache blocks of shared prompt prefixes (default: the preset's, off: "
                              "a reused prefix gives the drafter no hidden states; check the canary if on)")
+    parser.add_argument("--target-weights", choices=("auto", "float"), default="auto",
+                        help="auto (default): a .gguf target runs at the GGUF's own precision on CPU (torch/onnx "
+                             "runtime, float32); float: the dequantized float target")
     add_checkpoint_arguments(parser)
     add_speculative_config_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and touch nothing")
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, tp=args.tp, ep=args.ep, runtime=args.runtime, quant=args.quant, kv_dtype=args.kv_dtype,
         gpu=args.gpu, memory_fraction=args.memory_fraction, out=args.out, target=args.target, drafter=args.drafter,
         checkpoints_dir=args.checkpoints_dir, dry_run=args.dry_run, block_size=spec.block_size if spec else None,
-        moe_backend=args.moe_backend, profile=args.profile, kv_block_reuse=args.kv_block_reuse),
+        moe_backend=args.moe_backend, profile=args.profile, kv_block_reuse=args.kv_block_reuse,
+        target_weights=args.target_weights),
         log=lambda line: print(line, flush=True))
     return 0

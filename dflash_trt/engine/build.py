@@ -51,6 +51,7 @@ class BuildRequest:
     moe_backend: str | None = None
     profile: str | None = None
     kv_block_reuse: bool | None = None  # trtllm: KV-cache block reuse (None: the preset's)
+    target_weights: str = "auto"  # "auto": a GGUF target runs at its own precision on CPU; "float": dequantized
 
 
 @dataclass
@@ -97,7 +98,8 @@ def build_engine(request: BuildRequest, log: Callable[[str], None] = print) -> B
     pending = steps.Pending()
     artifacts = _build_runtime(preset, pair, engine_dir, progress, pending)
     progress.step("write manifest.json")
-    manifest = write_manifest(engine_dir, _manifest_fields(preset, pair, plan, warnings, artifacts, pending))
+    manifest = write_manifest(engine_dir, _manifest_fields(preset, pair, plan, warnings, artifacts, pending,
+                                                                 request.target_weights))
     log(f"  {engine_dir / MANIFEST_NAME} ({len(manifest['files'])} files hashed)")
     error = pending.first_error()
     if error is not None:
@@ -222,15 +224,26 @@ def _build_runtime(preset: Preset, pair: _Pair, engine_dir: Path, progress: step
     return build_local(preset, pair, engine_dir, progress, pending)
 
 
+def target_weights(pair: _Pair, preset: Preset, requested: str) -> str:
+    """"gguf" when the torch runtime loads a GGUF target at its shipped precision on CPU (the source GGUF, with
+    the block-quantized kernels; see docs/quantized-cpu.md), else "float" (the dequantized target/ directory)."""
+    if requested not in ("auto", "float"):
+        raise EngineError(f"target weights must be auto or float, got {requested!r}")
+    shipped = (pair.target.is_gguf and preset.runtime in ("torch", "onnx") and preset.dtype == "float32"
+               and preset.quant == "none")
+    return "gguf" if shipped and requested == "auto" else "float"
+
+
 def _manifest_fields(preset: Preset, pair: _Pair, plan: Plan, warnings: list[str], artifacts: dict[str, str],
-                     pending: steps.Pending) -> dict[str, Any]:
+                     pending: steps.Pending, request_weights: str = "auto") -> dict[str, Any]:
     d = pair.drafter_config
     return {
         "name": preset.name,
         "runtime": preset.runtime,
         "preset": {"name": preset.name, "source": preset.source, **{k: v for k, v in asdict(preset).items()
                                                                     if k not in ("name", "source")}},
-        "target": {"id": preset.target.id, "source": str(pair.target.path), "path": "target"},
+        "target": {"id": preset.target.id, "source": str(pair.target.path), "path": "target",
+                   "weights": target_weights(pair, preset, request_weights)},
         "drafter": {"id": preset.drafter.id, "source": str(pair.drafter.path), "path": "drafter"},
         "tp": preset.tp,
         "ep": preset.ep,

@@ -76,8 +76,17 @@ def _load_models(engine: Engine, device: str) -> None:
     if engine.manifest.get("quant") == "nvfp4" and not str(device).startswith("cuda"):
         raise EngineError(f"{engine.directory}: an nvfp4 engine runs on a CUDA device; load it with device='cuda'")
     state = engine.manifest.get("artifacts", {}).get("quantization")
-    # A quantized target keeps plain nn.Linear modules: ModelOpt converts them by exact type.
-    engine.target = load_target(engine.target_path, dtype=dtype, device=device, pack=not state)
+    target = engine.manifest["target"]
+    if target.get("weights") == "gguf" and str(device) == "cpu":
+        # The GGUF as it ships (block-quantized kernels), not the dequantized target/ directory.
+        gguf = Path(target["source"])
+        if not gguf.is_file():
+            raise EngineError(f"{engine.directory}: its target GGUF {gguf} is gone; rebuild the engine (or build it "
+                              "with --target-weights float)")
+        engine.target = load_target(gguf, dtype=dtype, device=device, weights="gguf")
+    else:
+        # A quantized target keeps plain nn.Linear modules: ModelOpt converts them by exact type.
+        engine.target = load_target(engine.target_path, dtype=dtype, device=device, pack=not state)
     if state:
         from dflash_trt.engine.quantize import restore_quantization
 

@@ -31,14 +31,16 @@ class GpuSpec:
     name: str
     memory_bytes: int
     note: str
+    bandwidth: float  # bytes/s of HBM, the datasheet figure
 
 
-# Total memory as the driver reports it (nvidia-smi), which is a little below the marketing figure.
+# Total memory as the driver reports it (nvidia-smi), which is a little below the marketing figure; memory
+# bandwidth as NVIDIA's datasheets give it (SXM parts).
 GPUS = {
-    "h100": GpuSpec("H100", 81_559 * MIB, "nvidia-smi total of an H100 SXM (80 GB class)"),
-    "h200": GpuSpec("H200", 143_771 * MIB, "nvidia-smi total of an H200 SXM (141 GB class)"),
-    "b200": GpuSpec("B200", 183_359 * MIB, "nvidia-smi total of a B200 (192 GB class)"),
-    "b300": GpuSpec("B300", 275 * 10**9, "approximate: instances report about 275 GB of the 288 GB"),
+    "h100": GpuSpec("H100", 81_559 * MIB, "nvidia-smi total of an H100 SXM (80 GB class)", 3.35e12),
+    "h200": GpuSpec("H200", 143_771 * MIB, "nvidia-smi total of an H200 SXM (141 GB class)", 4.8e12),
+    "b200": GpuSpec("B200", 183_359 * MIB, "nvidia-smi total of a B200 (192 GB class)", 8e12),
+    "b300": GpuSpec("B300", 275 * 10**9, "approximate: instances report about 275 GB of the 288 GB", 8e12),
 }
 
 
@@ -62,6 +64,13 @@ class Plan:
     num_full_layers: int
     num_sliding_layers: int
     sliding_window: int | None
+    step_bytes: float = 0.0  # weights one target forward reads at batch 1, per GPU
+    draft_bytes: float = 0.0  # weights one draft reads (the drafter's and the lm_head again), per GPU
+
+    @property
+    def step_floor_s(self) -> float:
+        """The memory-bandwidth floor of a verify step (target forward + draft) at batch 1: no step is faster."""
+        return (self.step_bytes + self.draft_bytes) / self.gpu.bandwidth
 
     @property
     def per_sequence_bytes(self) -> int:
@@ -130,7 +139,11 @@ def plan_parallelism(model: str, arch: TargetArch, drafter: DrafterConfig | None
     if drafter is not None:
         drafter_kv = drafter.num_hidden_layers * kv_bytes_per_layer_token(
             drafter.num_key_value_heads, drafter.head_dim, tp, DTYPE_BYTES[dtype])
+    active = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
+    step_bytes = weights.read_per_step(arch.tie_word_embeddings, active)
+    head_bytes = weights.embeddings if arch.tie_word_embeddings else weights.embeddings / 2
     return Plan(
+        step_bytes=step_bytes, draft_bytes=drafter_weights + head_bytes,
         model=model, gpu=spec, tp=tp, ep=ep, kv_dtype=kv_dtype, memory_fraction=memory_fraction, seq_len=seq_len,
         checks=_check_lines(arch, drafter, tp, ep),
         target_weights=weights, drafter_weights=drafter_weights, reserve=RUNTIME_RESERVE_BYTES,
@@ -179,5 +192,14 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  {'max tokens in flight (sequences of ' + str(plan.seq_len) + ')':<62} {plan.max_tokens:>16,}")
     lines.append(f"  {'max sequences in flight (of ' + str(plan.seq_len) + ' tokens)':<62} {plan.max_sequences:>16,}")
     lines.append(f"  GPU memory: {plan.gpu.note}")
+    if plan.step_bytes:
+        # Decoding at small batch is bound by the bytes each step reads; DFlash spreads a step over tau tokens.
+        per_token = plan.step_bytes + plan.draft_bytes
+        lines += [f"  weights read per step, batch 1: target {plan.step_bytes / GIB:.2f} GiB + draft "
+                  f"{plan.draft_bytes / GIB:.2f} GiB per GPU (MoE: the active experts only)",
+                  f"  bandwidth floor at {plan.gpu.bandwidth / 1e12:g} TB/s: {plan.step_floor_s * 1e6:.0f} us per DFlash "
+                  f"step, so at most {1 / plan.step_floor_s:,.0f} steps/s; tokens/s <= steps/s x tau, "
+                  f"{per_token / 1e6:.0f} MB / tau per token (plain decoding: {plan.step_bytes / 1e6:.0f} MB per "
+                  f"token, <= {plan.gpu.bandwidth / plan.step_bytes:,.0f} tokens/s)"]
     return "\n".join(lines)
 

@@ -42,6 +42,12 @@ class WeightBytes:
     def total(self) -> float:
         return self.embeddings + self.attention + self.mlp + self.replicated
 
+    def read_per_step(self, tied_embeddings: bool, active_expert_share: float = 1.0) -> float:
+        """Bytes one decoding step reads at batch 1: the lm_head (the embedding lookup reads a few rows), attention,
+        the MLP (of a MoE, only the active experts' share) and the replicated weights."""
+        head = self.embeddings if tied_embeddings else self.embeddings / 2
+        return head + self.attention + self.mlp * active_expert_share + self.replicated
+
 
 def target_weight_bytes(arch: TargetArch, tp: int, dtype: str, quant: str) -> WeightBytes:
     """Weight bytes on one GPU of a TP group. gpt-oss experts count as shipped (MXFP4) unless requantized."""

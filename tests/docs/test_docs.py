@@ -24,6 +24,7 @@ OUTSIDE_FLAGS = {
     "--http-restricted-api", "--grpc-restricted-protocol", "--backend-config", "--preview", "--set", "--rm",
     "--allow-run-as-root", "--no-deps", "--test-llmapi", "--stop-after-ms", "--stop-via-request-cancel",
     "--dry-run", "--upgrade", "--quiet", "--local-dir",
+    "--target-model-dir", "--spec-type", "--spec-draft-n-max",  # llama.cpp (make bench-llamacpp)
 }
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")

@@ -72,7 +72,9 @@ class TargetModel:
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output-head logits of drafter states: the target's head, or its bf16 copy (use_bf16_draft_head)."""
-        return self.lm_head(hidden) if self._draft_head is None else self._draft_head(hidden)
+        if self._draft_head is not None:
+            return self._draft_head(hidden)
+        return self.lm_head(hidden.to(self.model.get_input_embeddings().weight.dtype))  # a drafter may run in bf16
 
     def use_bf16_draft_head(self) -> bool:
         """Draft through a bf16 copy of the output head where the CPU computes bf16 natively.

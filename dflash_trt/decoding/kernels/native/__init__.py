@@ -72,10 +72,16 @@ def build_library(build_root: Path = DEFAULT_BUILD_DIR) -> Path:
     return out
 
 
+# torch.ops.dflash_cpu.block_matmul.default once load() ran (hot callers use it directly).
+BLOCK_MATMUL = None
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> None:
     """Register torch.ops.dflash_cpu.*, building the library first if needed."""
+    global BLOCK_MATMUL
     torch.ops.load_library(str(build_library()))
+    BLOCK_MATMUL = torch.ops.dflash_cpu.block_matmul.default
 
 
 def block_matmul(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, o: torch.Tensor, bits: int,

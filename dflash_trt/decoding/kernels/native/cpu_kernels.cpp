@@ -103,13 +103,13 @@ int32_t quantizeBlockAvx512(const float* src, int8_t* dst, float* dx) {
 }
 #endif
 
-QuantizedRows quantizeRows(const float* x, int64_t rows, int64_t k, int64_t paddedK) {
-    QuantizedRows out;
+// Quantizes into `out`, whose buffers are reused from call to call (every element is written).
+void quantizeRows(const float* x, int64_t rows, int64_t k, int64_t paddedK, QuantizedRows& out) {
     out.paddedK = paddedK;
     out.blocks = paddedK / kBlock;
-    out.q.assign(rows * paddedK, 0);
-    out.dx.assign(rows * out.blocks, 0.0f);
-    out.sx.assign(rows * out.blocks, 0.0f);
+    out.q.resize(rows * paddedK);
+    out.dx.resize(rows * out.blocks);
+    out.sx.resize(rows * out.blocks);
 #if DFLASH_X86
     const bool wide = cpuHasAvx512();
 #endif
@@ -131,7 +131,6 @@ QuantizedRows quantizeRows(const float* x, int64_t rows, int64_t k, int64_t padd
             out.sx[m * out.blocks + b] = *dx * static_cast<float>(sum);
         }
     }
-    return out;
 }
 
 // ---- block matmul ----
@@ -264,7 +263,9 @@ at::Tensor blockMatmul(const at::Tensor& x, const at::Tensor& codes, const at::T
     outShape.back() = n;
     at::Tensor y = at::empty({rows, n}, x.options());
     if (rows == 0) return y.reshape(outShape);
-    const QuantizedRows a = quantizeRows(rows2d.data_ptr<float>(), rows, k, k);
+    // The calling thread's buffers: a decoding step calls this ~200 times, allocations would show.
+    thread_local QuantizedRows a;
+    quantizeRows(rows2d.data_ptr<float>(), rows, k, k, a);
     const BlockWeight w{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()),
                         reinterpret_cast<const uint16_t*>(o.data_ptr<at::Half>()), groups, blocks,
                         static_cast<int>(bits)};

@@ -143,8 +143,10 @@ class DrafterBase(nn.Module):
         """
         if cache.capacity < int((cache.lens + ctx_lens).max()):
             raise ValueError("draft cache too small for the context")  # the decoding loop sizes it
-        ctx = self.fuse_context(features.to(block_embeds.dtype))
-        x = block_embeds
+        # The drafter may run in another precision than the target (e.g. bf16 beside a float32 target).
+        dtype = self.fc.weight.dtype
+        ctx = self.fuse_context(features.to(dtype))
+        x = block_embeds.to(dtype)
         for layer, cache_k, cache_v in zip(self.layers, cache.k, cache.v):
             x = layer(x, ctx, cache_k, cache_v, cache.lens, ctx_lens, self.rope, block_lens)
         cache.lens = cache.lens + ctx_lens
