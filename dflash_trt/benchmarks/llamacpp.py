@@ -44,7 +44,8 @@ def log(message: str) -> None:
 def _run(command: list, separate_stderr: bool = False, **kwargs) -> subprocess.CompletedProcess:
     """Run a command; its stdout (with stderr unless separate_stderr) is the result's."""
     proc = subprocess.run([str(c) for c in command], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT, text=True, **kwargs)
+                          stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT, text=True,
+                          errors="replace", **kwargs)  # a token may end inside a UTF-8 character
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, command))} failed ({proc.returncode}):\n"
                            f"{(proc.stdout + (proc.stderr or ''))[-3000:]}")
