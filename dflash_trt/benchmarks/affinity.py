@@ -13,8 +13,8 @@ sharegpt-multiturn) through them:
 `--concurrency` conversations are in flight at once, each waiting for an answer before its next turn. A turn's
 prompt is the chat template over the earlier user turns, the answers the server gave, and the new user turn, sent
 as text (the repository's chat template is "none": the client formats, as a chat client resending its history
-does). Per routing: the hit rate of turns 2+ (num_cached_tokens / num_context_tokens of those turns, from the
-servers' responses) and their TTFT p50. Writes OUT/affinity.json.
+does). Per routing: the hit rate of turns 2+ (the servers' num_cached_tokens over those turns' prompt tokens) and
+their TTFT p50. Writes OUT/affinity.json.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def replay_served(grpc_urls: list[str], tokenizer, conversations, routing: str, 
                 stream.close()
             messages.append({"role": "assistant", "content": "".join(pieces)})
             with records_lock:
+                # The prompt's tokens as the server's preprocessing counts them (tokenizer.encode of the text).
                 records.append({"conversation": index, "turn": turn, "replica": replica,
-                                "context_tokens": int(last.get("num_context_tokens", 0)),
+                                "context_tokens": len(tokenizer.encode(prompt)),
                                 "cached_tokens": int(last.get("num_cached_tokens", 0)),
                                 "ttft_s": (first or time.perf_counter()) - sent})
 
