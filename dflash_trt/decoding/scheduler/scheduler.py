@@ -189,8 +189,6 @@ class Scheduler:
     # -- the pieces of a step -------------------------------------------------------------------------
     def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
         plan = self.policy.choose(len(batch)) if self.drafter is not None else PLAIN
-        if first and self.drafter is not None:
-            plan = plan.with_block_size(max(plan.block_size, 2))  # the drafter takes in the prompt while alone
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
             # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
             plan = plan.with_block_size(max(1, min(plan.block_size, max(r.remaining for r in batch.requests) + 1)))
@@ -284,11 +282,12 @@ class Scheduler:
         batch, outputs = job.finish(max(r.reserved_tokens for r in job.requests))
         batch.drop_finished()
         if batch.requests:
-            # The group's first step runs on its own: its drafter context is a whole prompt wide. It is not
-            # a typical step, so the policy does not learn its cost.
+            # The group's first step runs on its own: a drafted one takes in the whole prompt while the group is
+            # alone; a plain one leaves it pending (absorbed here if long, so that the merged batch is not padded to
+            # it). It is not a typical step, so the policy does not learn its cost.
             outputs += self._decode(batch, first=True)
-            if self.drafter is not None and batch.features.shape[1] >= FEATURE_BACKLOG:
-                absorb_context(self.target, self.drafter, batch)  # a block of 1 left the prompt pending
+            if self.drafter is not None and batch.pending_features >= FEATURE_BACKLOG:
+                absorb_context(self.target, self.drafter, batch)
             self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:

@@ -154,18 +154,32 @@ class RunningBatch:
             self.draft_cache.concat(other.draft_cache)
 
     def append_features(self, new: torch.Tensor, new_lens: torch.Tensor) -> None:
-        """Add new context rows (new[b, :new_lens[b]]) after each row's pending ones (no draft this step)."""
+        """Add new context rows (new[b, :new_lens[b]]) after each row's pending ones (no draft this step).
+
+        Written in place into spare columns, grown by doubling: plain steps append a row each, and copying the
+        whole backlog every step would cost more than the step."""
         if self.features is None or not bool(self.ctx_lens.any()):
             self.features, self.ctx_lens = new, new_lens
             return
         rows, width = new.shape[0], int((self.ctx_lens + new_lens).max())
-        merged = self.features.new_zeros(rows, width, new.shape[2])
-        merged[:, :self.features.shape[1]] = self.features
+        if width > self.features.shape[1]:
+            grown = self.features.new_zeros(rows, max(width, 2 * self.features.shape[1]), new.shape[2])
+            grown[:, :self.features.shape[1]] = self.features
+            self.features = grown
         columns = self.ctx_lens[:, None] + torch.arange(new.shape[1], device=new.device)[None, :]
         keep = torch.arange(new.shape[1], device=new.device)[None, :] < new_lens[:, None]
         row_index = torch.arange(rows, device=new.device)[:, None].expand_as(columns)
-        merged[row_index[keep], columns[keep]] = new[keep]
-        self.features, self.ctx_lens = merged, self.ctx_lens + new_lens
+        self.features[row_index[keep], columns[keep]] = new[keep]
+        self.ctx_lens = self.ctx_lens + new_lens
+
+    @property
+    def pending_features(self) -> int:
+        """Context rows the drafter has not taken in yet, in the longest row."""
+        return int(self.ctx_lens.max()) if self.features is not None and len(self.ctx_lens) else 0
+
+    def pending_feature_rows(self) -> torch.Tensor | None:
+        """The pending features without spare columns: [B, pending_features, K*D]."""
+        return None if self.features is None else self.features[:, :self.pending_features]
 
 
 def fill_from_the_end(active: list[int]) -> list[int]:
