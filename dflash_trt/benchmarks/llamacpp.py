@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     from dflash_trt.benchmarks.batch_throughput import long_prompts
     from dflash_trt.benchmarks.in_process import load_prompts
     from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
+    from dflash_trt.decoding.kernels import native
     from dflash_trt.decoding.model.drafters import load_drafter
     from dflash_trt.decoding.model.target import load_target
     from dflash_trt.decoding.model.tokens import encode_prompt
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [encode_prompt(target, text, chat=True) for text in texts]
     prompt_texts = [target.tokenizer.decode(p) for p in prompts]  # the same template, as text for llama.cpp
     results: dict = {"gguf": gguf.name, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                     "block_size": drafter.config.block_size, "levels": []}
+                     "block_size": drafter.config.block_size, "avx512_vnni_kernels": native.has_vnni(), "levels": []}
     float_tokens = None
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)

@@ -32,7 +32,7 @@ class NativeKernelsUnavailable(ConfigError):
 
 
 def compile_command(compiler: str, out: Path) -> list[str]:
-    """The one g++ command that builds the library (pure; tested without compiling)."""
+    """The one g++ command that builds the library."""
     from torch.utils import cpp_extension
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -82,12 +82,6 @@ def load() -> None:
     global BLOCK_MATMUL
     torch.ops.load_library(str(build_library()))
     BLOCK_MATMUL = torch.ops.dflash_cpu.block_matmul.default
-
-
-def block_matmul(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, o: torch.Tensor, bits: int,
-                 out_features: int) -> torch.Tensor:
-    load()
-    return torch.ops.dflash_cpu.block_matmul(x, codes, d, o, bits, out_features)
 
 
 def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
