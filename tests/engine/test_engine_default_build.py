@@ -11,6 +11,7 @@ from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.engine.build import BuildRequest, build_engine
 from dflash_trt.engine.loader import load_engine
+from dflash_trt.engine.manifest import EngineError
 from dflash_trt.engine.presets import REPO_ROOT, SHIPPED_CONFIGS, load_preset
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
@@ -73,8 +74,37 @@ def test_default_engine_builds_from_the_gguf_and_decodes_losslessly(engine_dir, 
     assert {"target/model.safetensors", "target/tokenizer.json", "target/config.json"} <= set(result.manifest["files"])
     engine = load_engine(out)
     assert engine.target.tokenizer is not None and engine.target.num_layers == 30
+    # A GGUF target runs at the GGUF's precision (docs/quantized-cpu.md): every linear layer and the head as
+    # blocks, with the batch-invariant attention.
+    assert result.manifest["target"]["weights"] == "gguf"
+    assert _quantized_layers(engine) == 1 + 7 * 30 and engine.target.attention_override is not None
     dflash, plain = decode_both(engine)
     assert dflash == plain
+
+
+@pytest.mark.slow
+def test_an_engine_recorded_as_float_loads_the_dequantized_target(engine_dir):
+    """What --target-weights float writes: the target/ directory with plain linear layers; and a GGUF that
+    moved away is named in one line."""
+    manifest_path = engine_dir / "manifest.json"
+    original = manifest_path.read_text()
+    manifest = json.loads(original)
+    try:
+        manifest["target"]["weights"] = "float"
+        manifest_path.write_text(json.dumps(manifest))
+        assert _quantized_layers(load_engine(engine_dir, verify=False)) == 0
+        manifest["target"].update(weights="gguf", source=str(engine_dir / "gone.gguf"))
+        manifest_path.write_text(json.dumps(manifest))
+        with pytest.raises(EngineError, match="gone.gguf is gone; rebuild the engine"):
+            load_engine(engine_dir, verify=False)
+    finally:
+        manifest_path.write_text(original)
+
+
+def _quantized_layers(engine) -> int:
+    from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear
+
+    return sum(isinstance(m, BlockQuantLinear) for m in engine.target.model.modules())
 
 
 @pytest.mark.slow
