@@ -105,17 +105,6 @@ def convert_drafter(build: Path, drafter: Path, target_dir: Path) -> Path:
     return out
 
 
-def hf_target_dir(build: Path, gguf: Path) -> Path:
-    """The GGUF as a Hugging Face directory (config and tokenizer), which llama.cpp's converter reads."""
-    out = build / "target-hf"
-    if not (out / "config.json").is_file():
-        from dflash_trt.engine.artifacts.checkpoints import _convert_gguf
-
-        log("writing the target as a Hugging Face directory for the converter")
-        _convert_gguf(gguf, out, "float32")
-    return out
-
-
 # ---- llama.cpp runs ----
 
 def _llama_env() -> dict:
@@ -192,6 +181,7 @@ def agreement(ours: list[list[int]], others: list[list[int]]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     from dflash_trt.benchmarks.batch_throughput import long_prompts
     from dflash_trt.benchmarks.in_process import load_prompts
+    from dflash_trt.benchmarks.vllm_compare import hf_target
     from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
     from dflash_trt.decoding.kernels import native
     from dflash_trt.decoding.model.drafters import load_drafter
@@ -213,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
 
     gguf = demo_target_path()
     bin_dir = build_llama_cpp(build, args.jobs)
-    drafter_gguf = convert_drafter(build, DEMO_DRAFTER, hf_target_dir(build, gguf))
+    drafter_gguf = convert_drafter(build, DEMO_DRAFTER, hf_target(gguf, build, log))
     log("loading our target at GGUF precision and in float32, and the drafter")
     target = load_target(gguf, weights="gguf")
     drafter = load_drafter(DEMO_DRAFTER)
