@@ -64,21 +64,21 @@ bool cpuHasVnni() {
 // ---- activations: int8 per block of 32 ----
 
 struct QuantizedRows {
-    std::vector<int8_t> q;   // [M, paddedK]
+    std::vector<int8_t> q;   // [M, k]
     std::vector<float> dx;   // [M, blocks]: amax / 127
     std::vector<float> sx;   // [M, blocks]: dx * sum(q)
-    int64_t paddedK = 0;
+    int64_t k = 0;           // a multiple of 32 (block_matmul checks it)
     int64_t blocks = 0;
 };
 
 // One block of 32 activations: int8 codes, returns their sum; scalar and AVX512 give the same bits (the same IEEE
 // operations: |x| maximum, 127 / amax, x * inverse rounded half to even).
-int32_t quantizeBlockScalar(const float* src, int64_t len, int8_t* dst, float* dx) {
+int32_t quantizeBlockScalar(const float* src, int8_t* dst, float* dx) {
     float amax = 0.0f;
-    for (int64_t j = 0; j < len; ++j) amax = std::max(amax, std::fabs(src[j]));
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
-    for (int64_t j = 0; j < len; ++j) {
+    for (int64_t j = 0; j < kBlock; ++j) {
         const int32_t v = static_cast<int32_t>(std::nearbyint(src[j] * inverse));
         dst[j] = static_cast<int8_t>(v);
         sum += v;
@@ -104,29 +104,28 @@ int32_t quantizeBlockAvx512(const float* src, int8_t* dst, float* dx) {
 #endif
 
 // Quantizes into `out`, whose buffers are reused from call to call (every element is written).
-void quantizeRows(const float* x, int64_t rows, int64_t k, int64_t paddedK, QuantizedRows& out) {
-    out.paddedK = paddedK;
-    out.blocks = paddedK / kBlock;
-    out.q.resize(rows * paddedK);
+void quantizeRows(const float* x, int64_t rows, int64_t k, QuantizedRows& out) {
+    out.k = k;
+    out.blocks = k / kBlock;
+    out.q.resize(rows * k);
     out.dx.resize(rows * out.blocks);
     out.sx.resize(rows * out.blocks);
 #if DFLASH_X86
     const bool wide = cpuHasAvx512();
 #endif
     for (int64_t m = 0; m < rows; ++m) {
-        for (int64_t b = 0; b * kBlock < k; ++b) {
+        for (int64_t b = 0; b < out.blocks; ++b) {
             const float* src = x + m * k + b * kBlock;
-            const int64_t len = std::min(kBlock, k - b * kBlock);
-            int8_t* dst = out.q.data() + m * paddedK + b * kBlock;
+            int8_t* dst = out.q.data() + m * k + b * kBlock;
             float* dx = out.dx.data() + m * out.blocks + b;
             int32_t sum;
 #if DFLASH_X86
-            if (wide && len == kBlock) {
+            if (wide) {
                 sum = quantizeBlockAvx512(src, dst, dx);
             } else
 #endif
             {
-                sum = quantizeBlockScalar(src, len, dst, dx);
+                sum = quantizeBlockScalar(src, dst, dx);
             }
             out.sx[m * out.blocks + b] = *dx * static_cast<float>(sum);
         }
@@ -171,7 +170,7 @@ void blockGroupScalar(const BlockWeight& w, int64_t g, const QuantizedRows& a, i
             float acc = 0.0f;
             for (int64_t b = 0; b < w.blocks; ++b) {
                 int32_t isum = 0;
-                const int8_t* q = a.q.data() + m * a.paddedK + b * kBlock;
+                const int8_t* q = a.q.data() + m * a.k + b * kBlock;
                 for (int64_t j = 0; j < kBlock; ++j) isum += static_cast<int32_t>(codeAt(w, g, b, lane, j)) * q[j];
                 const int64_t s = (g * w.blocks + b) * kLanes + lane;
                 acc = acc + static_cast<float>(isum) * halfToFloat(w.d[s]) * a.dx[m * a.blocks + b];
@@ -208,7 +207,7 @@ inline void blockTileVnni(const BlockWeight& w, int64_t g, const QuantizedRows& 
         const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.o + s)));
         for (int r = 0; r < Tile; ++r) {
             const int64_t m = m0 + r;
-            const int8_t* q = a.q.data() + m * a.paddedK + b * kBlock;
+            const int8_t* q = a.q.data() + m * a.k + b * kBlock;
             // Two independent chains of dot-product instructions (their latency, not their count, is the limit);
             // integer sums are exact, so how they are split does not change the result.
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
@@ -265,7 +264,7 @@ at::Tensor blockMatmul(const at::Tensor& x, const at::Tensor& codes, const at::T
     if (rows == 0) return y.reshape(outShape);
     // The calling thread's buffers: a decoding step calls this ~200 times, allocations would show.
     thread_local QuantizedRows a;
-    quantizeRows(rows2d.data_ptr<float>(), rows, k, k, a);
+    quantizeRows(rows2d.data_ptr<float>(), rows, k, a);
     const BlockWeight w{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()),
                         reinterpret_cast<const uint16_t*>(o.data_ptr<at::Half>()), groups, blocks,
                         static_cast<int>(bits)};
