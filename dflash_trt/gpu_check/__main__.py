@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         ("kernel time vs SDPA vs HBM floor", lambda: kernel_checks.timing(args.quick)),
         ("decoding loop on CUDA vs transformers greedy generate", greedy),
         ("step times and implied speedup", lambda: model_checks.step_times(*model_checks.build_pair(layers))),
-        ("tree verify times and implied speedup",
-         lambda: tree_times.tree_verify_times(*model_checks.build_pair(layers))),
+        ("tree verify times and implied speedup", lambda: tree_times.tree_verify_times(
+            *model_checks.build_pair(layers), spine_pair=model_checks.build_pair(8, dtype=torch.float32))),
         ("compute-sanitizer on small cases", lambda: sanitizer.run(
             timeout_s=max(60.0, args.budget_s - (time.perf_counter() - started)))),
     ]

@@ -50,6 +50,9 @@ def run(timeout_s: float) -> Section:
         summary = summary.replace("=========", "").strip()
         section.rows.append({"tool": tool, "exit": proc.returncode, "summary": summary})
         if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
-            section.status, section.message = "fail", f"{tool} exited {proc.returncode}: {tail[0][:200]}"
+            # Exit 3 is a hazard the tool reported; any other is the small cases' own failure, whose first line
+            # (small_case.py prints one per mismatch) says what differed.
+            lines = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if "=========" not in line]
+            detail = summary if proc.returncode == 3 else (lines[:1] or [summary])[0]
+            section.status, section.message = "fail", f"{tool} exited {proc.returncode}: {detail[:200]}"
     return section

@@ -7,8 +7,7 @@ import sys
 
 import torch
 
-from dflash_trt.gpu_check.kernel_checks import kernel, make_case, reference
-from dflash_trt.gpu_check.tolerances import cache_error, output_error
+from dflash_trt.gpu_check.kernel_checks import compare, kernel, make_case, reference
 
 SHAPES = (("d128", 8, 2, 128, 1e6, None), ("d64-yarn", 16, 2, 64, 150000.0,
           {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}))
@@ -21,9 +20,7 @@ def main() -> int:
             inputs = make_case(shape, 2, 700, seed=3, dtype=dtype)
             ours, ours_in = kernel(shape, inputs)
             ref, ref_in = reference(shape, inputs)
-            errors = [output_error(ours, ref)] + [
-                cache_error(n, ours_in[n], ref_in[n], inputs[n], inputs["cache_lens"], inputs["ctx_lens"])
-                for n in ("cache_k", "cache_v")]
+            errors = compare(shape, inputs, ours, ours_in, ref, ref_in)
             failures += [f"{shape[0]} {dtype}: {e}" for e in errors if e]
     torch.cuda.synchronize()
     print("\n".join(failures) if failures else "small cases: all match")

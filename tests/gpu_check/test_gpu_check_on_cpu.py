@@ -109,3 +109,7 @@ def test_tree_shape_is_a_spine_with_siblings_and_a_wrong_mask_is_caught(tiny_pai
                                                                                dtype=torch.bool))
     section = tree_times.tree_verify_times(*tiny_pair, batches=(1,), context=24, budgets=(40,), iterations=1)
     assert section.status == "fail" and "mask or positions wrong" in section.message
+    # ... also when the spine is checked on a pair of its own (what gpu-check does: a shallow fp32 pair)
+    section = tree_times.tree_verify_times(*tiny_pair, batches=(1,), context=24, budgets=(40,), iterations=1,
+                                           spine_pair=tiny_pair)
+    assert section.status == "fail" and "mask or positions wrong" in section.message
