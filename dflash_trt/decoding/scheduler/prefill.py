@@ -45,6 +45,7 @@ class PrefillJob:
         self._gathered: torch.Tensor | None = None  # features(), once the last chunk is in
         self._last_logits: torch.Tensor | None = None
         self.elapsed_s = 0.0
+        self.last_chunk_tokens = 0  # tokens (padding included) the last advance computed
         if hit is not None and hit.blocks:
             self._start_from(hit)
 
@@ -77,6 +78,7 @@ class PrefillJob:
                                   self.mask[:, :end].long(), self.cache, self.layer_ids, last_only=True)
         if out.features is not None:
             self._features.append(out.features)
+        self.last_chunk_tokens = (end - start) * len(self.requests)
         self.done_columns = end
         if self.is_done:
             self._last_logits = out.logits[:, -1]

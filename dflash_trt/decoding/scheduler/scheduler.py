@@ -10,10 +10,11 @@
 One `step()`: finished and aborted rows leave the running batch (their memory is released); the running
 batch takes one decoding step (step.decode_step) with the plan the policy picks for its size (plain, a chain
 of S tokens or a tree of B nodes, block_policy.py);
-then the prefill of waiting requests advances by one chunk of at most `prefill_chunk_tokens` tokens, so a
-long prompt stalls the running streams by a bounded amount per step. A prefilled group takes its first
-decoding step on its own (so the drafter takes in its prompt without widening the whole batch) and then
-joins the running batch. Requests are admitted in arrival order while the batch has fewer than
+then the prefill of waiting requests computes at most `prefill_chunk_tokens` tokens (a group that finishes
+with budget left lets the next one start), so a long prompt stalls the running streams by a bounded amount per
+step. A prefilled group's first tokens are returned by the step that finishes its prefill; the next step gives the
+group its first decoding step on its own (so the drafter takes in its prompt without widening the whole batch),
+and then it joins the running batch. Requests are admitted in arrival order while the batch has fewer than
 `max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays within
 `max_kv_tokens`, which bounds the KV cache of target and drafter under any load. With a prefix cache
 (prefix_cache.py), a prompt that starts with cached blocks is prefilled alone from the end of its hit, and every
@@ -110,6 +111,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.prefill: PrefillJob | None = None
         self.running: RunningBatch | None = None
+        # A group whose prefill finished last step: its first tokens are out, its first decoding step is next.
+        self.fresh: RunningBatch | None = None
         self._requests: dict[Hashable, Request] = {}
         self._aborted: list[StepOutput] = []
         self._ids = itertools.count()
@@ -151,7 +154,7 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self.running) if self.running is not None else 0
+        return sum(len(b) for b in (self.running, self.fresh) if b is not None)
 
     @property
     def num_waiting(self) -> int:
@@ -178,9 +181,9 @@ class Scheduler:
         if self.running is not None:
             outputs += self._decode(self.running)
             self._leave()
-        self._admit()
-        if self.prefill is not None:
-            outputs += self._advance_prefill()
+        if self.fresh is not None:
+            outputs += self._first_step()
+        outputs += self._prefill_within_budget()
         for out in outputs:
             if out.is_final:
                 self._requests.pop(out.index, None)
@@ -218,12 +221,28 @@ class Scheduler:
                 store_answer(batch, row, self.prefix_cache)
                 request.history_features = None
 
+    def _prefill_within_budget(self) -> list[StepOutput]:
+        """Advance prefills by at most prefill_chunk_tokens computed tokens: a group that finishes with budget left
+        lets the next one start in the same step (prefix hits are prefilled alone and compute only what follows
+        their hit, so several of them fit in one step instead of taking a step each)."""
+        outputs, budget = [], self.limits.prefill_chunk_tokens
+        while True:
+            self._admit()
+            if self.prefill is None:
+                return outputs
+            job = self.prefill
+            outputs += self._advance_prefill(budget)
+            if budget is not None:
+                budget -= job.last_chunk_tokens
+            if self.prefill is not None or (budget is not None and budget <= 0):
+                return outputs
+
     def _admit(self) -> None:
         """Form the next prefill group from the head of the queue, within the limits. A request whose prompt
         starts with cached prefix blocks is prefilled alone, from the end of its hit."""
         if self.prefill is not None or not self.waiting:
             return
-        rows = list(self.running.requests) if self.running is not None else []
+        rows = [r for b in (self.running, self.fresh) if b is not None for r in b.requests]
         budget, group, hit = self.limits.prefill_chunk_tokens, [], None
         while self.waiting:
             head = self.waiting[0]
@@ -266,12 +285,13 @@ class Scheduler:
             self.prefix_cache.record(len(request.prompt), used.num_tokens)
             request.result.num_cached_tokens = used.num_tokens
 
-    def _advance_prefill(self) -> list[StepOutput]:
+    def _advance_prefill(self, token_budget: int | None) -> list[StepOutput]:
         job = self.prefill
         if all(r.is_finished for r in job.requests):  # every request of the group was aborted
             self.prefill = None
+            job.last_chunk_tokens = 0
             return []
-        job.advance(self.limits.prefill_chunk_tokens)
+        job.advance(token_budget)
         if not job.is_done:
             return []
         self.prefill = None
@@ -281,10 +301,25 @@ class Scheduler:
             request.prefix_hit = None  # the blocks were copied; the cache may evict them
         batch, outputs = job.finish(max(r.reserved_tokens for r in job.requests))
         batch.drop_finished()
+        # The first tokens go out now; the group's first decoding step waits for the next step(), so that a
+        # request's time to first token is its prefill's, not its prefill's plus a draft and a verify. Groups
+        # prefilled in the same step take that first step together.
         if batch.requests:
-            # The group's first step runs on its own: a drafted one takes in the whole prompt while the group is
-            # alone; a plain one leaves it pending (absorbed here if long, so that the merged batch is not padded to
-            # it). It is not a typical step, so the policy does not learn its cost.
+            if self.fresh is None:
+                self.fresh = batch
+            else:
+                self.fresh.merge(batch)
+        return outputs
+
+    def _first_step(self) -> list[StepOutput]:
+        """The prefilled group's first decoding step, then it joins the running batch. The step runs on the group
+        alone: a drafted one takes in the whole prompt while the group is alone; a plain one leaves it pending
+        (absorbed here if long, so that the merged batch is not padded to it). It is not a typical step, so the
+        policy does not learn its cost."""
+        batch, self.fresh = self.fresh, None
+        batch.drop_finished()  # aborted since its prefill
+        outputs = []
+        if batch.requests:
             outputs += self._decode(batch, first=True)
             if self.drafter is not None and batch.pending_features >= FEATURE_BACKLOG:
                 absorb_context(self.target, self.drafter, batch)
