@@ -14,7 +14,7 @@ from dflash_trt.decoding.step.sampling import SamplingParams
 
 ORDER = [2, 0, 5, 1, 8, 3, 7, 4]  # prompts (of conftest's) in arrival order: lengths 40, 1, 25, 3, 33, 7, 5, 2
 ARRIVALS = {0: ORDER[:2], 3: ORDER[2:3], 5: ORDER[3:5], 9: ORDER[5:6], 12: ORDER[6:8]}  # step -> arriving prompts
-ABORT = (14, 3)  # before this step, abort this prompt's request (mid-decode)
+ABORT = (13, 3)  # before this step, abort this prompt's request (mid-decode)
 BLOCK_SIZES = (8, 8, 5, 1, 8, 3, 8, 2, 1, 1, 8, 6)  # the policy's choices, in turn: widths < 8, plain steps
 VALUE_SCALE = 20.0  # context_sensitive's factor
 
@@ -42,7 +42,7 @@ class CyclingBlockSize:
 
 def oracle_block(references: dict[int, list[int]], drafts: dict[int, list[list[int]]], vocab: int):
     """decoding.draft_block that records every row's drafts (its real slots) by request and then puts the
-    request's reference tokens in the block, every sixth one (by a hash of the position) off by one."""
+    request's reference tokens in the block, every fifth one (by a hash of the position) off by one."""
     original = decoding.draft_block
 
     @torch.inference_mode()
@@ -55,7 +55,7 @@ def oracle_block(references: dict[int, list[int]], drafts: dict[int, list[list[i
             for k in range(1, block_size):
                 position = start + k
                 token = full[position] if position < len(full) else 0
-                if (((position * 2654435761 + request.request_id * 40503) & 0xFFFFFFFF) >> 16) % 6 == 0:
+                if (((position * 2654435761 + request.request_id * 40503) & 0xFFFFFFFF) >> 16) % 5 == 0:
                     token = (token + 1) % vocab
                 block[row, k] = token
         proposal.drafts = block[:, 1:].clone()

@@ -113,6 +113,7 @@ class Scheduler:
         self.running: RunningBatch | None = None
         # A group whose prefill finished last step: its first tokens are out, its first decoding step is next.
         self.fresh: RunningBatch | None = None
+        self._prefilled_last = False  # the last step prefilled (steps alternate while prompts wait)
         self._requests: dict[Hashable, Request] = {}
         self._aborted: list[StepOutput] = []
         self._ids = itertools.count()
@@ -178,12 +179,20 @@ class Scheduler:
         """One scheduling iteration (module docstring); returns what every request committed."""
         outputs, self._aborted = self._aborted, []
         self._leave()
-        if self.running is not None:
-            outputs += self._decode(self.running)
-            self._leave()
-        if self.fresh is not None:
-            outputs += self._first_step()
-        outputs += self._prefill_within_budget()
+        self._admit()
+        decoding = self.running is not None or self.fresh is not None
+        if self.prefill is not None and not (decoding and self._prefilled_last):
+            # A prefill step: while prompts wait, steps alternate between prefilling and decoding, so that a
+            # newcomer's first token waits for at most one decoding step, not for one plus its own prefill.
+            outputs += self._prefill_within_budget()
+            self._prefilled_last = True
+        else:
+            if self.running is not None:
+                outputs += self._decode(self.running)
+                self._leave()
+            if self.fresh is not None:
+                outputs += self._first_step()
+            self._prefilled_last = False
         for out in outputs:
             if out.is_final:
                 self._requests.pop(out.index, None)
