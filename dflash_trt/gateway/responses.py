@@ -2,7 +2,7 @@
 
 `dflash` (top level of a response, and of the last streamed chunks) carries the speculative
 decoding figures of the request: tau (mean tokens committed per verify step), num_draft_tokens,
-num_accepted_draft_tokens and acceptance_rate (accepted / drafted).
+num_accepted_draft_tokens, num_verify_steps and acceptance_rate (accepted / drafted).
 """
 
 from __future__ import annotations
@@ -54,11 +54,14 @@ def usage(num_prompt_tokens: int, piece: Piece) -> dict[str, Any]:
 
 
 def dflash_stats(piece: Piece, block_size: int) -> dict[str, Any]:
-    """The extension field; tau is exact when every verify step drafted block_size - 1 tokens."""
+    """The extension field. tau counts the server's verify steps (num_verify_steps); a server that does not report
+    them is taken to draft block_size - 1 tokens every step, which the budget policy (plain steps, shorter chains,
+    trees) does not."""
     drafts, accepted = piece.total_draft_tokens, piece.total_accepted_draft_tokens
-    steps = drafts / (block_size - 1) if block_size > 1 else 0
+    steps = piece.num_verify_steps or (drafts / (block_size - 1) if block_size > 1 else 0)
     return {"tau": round(1 + accepted / steps, 4) if steps else 0.0, "num_draft_tokens": drafts,
-            "num_accepted_draft_tokens": accepted, "acceptance_rate": round(piece.acceptance_rate, 4),
+            "num_accepted_draft_tokens": accepted, "num_verify_steps": round(steps),
+            "acceptance_rate": round(piece.acceptance_rate, 4),
             "block_size": block_size}
 
 

@@ -30,6 +30,7 @@ class Piece:
     total_accepted_draft_tokens: int
     acceptance_rate: float
     num_cached_tokens: int = 0  # prompt tokens the server took from its prefix cache
+    num_verify_steps: int = 0  # verify steps so far (0: a server that does not report them)
 
 
 class TritonEnsemble:
@@ -171,7 +172,8 @@ def read_piece(result) -> Piece:
                  total_draft_tokens=int(scalar("total_draft_tokens") or 0),
                  total_accepted_draft_tokens=int(scalar("total_accepted_draft_tokens") or 0),
                  acceptance_rate=float(scalar("acceptance_rate") or 0.0),
-                 num_cached_tokens=int(scalar("num_cached_tokens") or 0))
+                 num_cached_tokens=int(scalar("num_cached_tokens") or 0),
+                 num_verify_steps=int(scalar("num_verify_steps") or 0))
 
 
 def triton_error(message: str) -> APIError:

@@ -23,11 +23,13 @@ class DemoAnswer:
     finish_reason: str
 
 
-def tau_from_totals(total_draft_tokens: int, total_accepted_draft_tokens: int, block_size: int) -> float:
-    """Mean acceptance length from the response statistics: every verify step drafts block_size - 1."""
+def tau_from_totals(total_draft_tokens: int, total_accepted_draft_tokens: int, block_size: int,
+                    num_verify_steps: int = 0) -> float:
+    """Mean acceptance length from the response statistics: over the verify steps the server counted, else taking
+    every verify step to draft block_size - 1."""
     if block_size < 2 or total_draft_tokens == 0:
         return 1.0
-    steps = total_draft_tokens / (block_size - 1)
+    steps = num_verify_steps or total_draft_tokens / (block_size - 1)
     return 1.0 + total_accepted_draft_tokens / steps
 
 
@@ -54,7 +56,8 @@ def served_answer(engine_dir: Path, repo_dir: Path, prompt: str, max_tokens: int
         finally:
             stream.close()
         write("\nstopping Triton ...")
-    tau = tau_from_totals(last.get("total_draft_tokens", 0), last.get("total_accepted_draft_tokens", 0), block_size)
+    tau = tau_from_totals(last.get("total_draft_tokens", 0), last.get("total_accepted_draft_tokens", 0), block_size,
+                          last.get("num_verify_steps", 0))
     answer = DemoAnswer("".join(pieces), last.get("num_output_tokens", 0), len(pieces), tau,
                         last.get("finish_reason", ""))
     write(f"[served: {answer.num_output_tokens} tokens in {answer.num_chunks} streamed chunks "

@@ -50,6 +50,7 @@ OUTPUTS = {
     "num_output_tokens": "TYPE_INT32",
     "total_draft_tokens": "TYPE_INT32",
     "total_accepted_draft_tokens": "TYPE_INT32",
+    "num_verify_steps": "TYPE_INT32",  # verify steps so far; the drafts per step vary under the budget policy
     "acceptance_rate": "TYPE_FP32",
     "num_cached_tokens": "TYPE_INT32",  # prompt tokens served from the prefix cache
     "finish_reason": "TYPE_STRING",
@@ -66,6 +67,7 @@ def chunk_outputs(chunk: Chunk, generation_id: str) -> dict[str, np.ndarray]:
         "num_output_tokens": np.array([stats.num_output_tokens], dtype=np.int32),
         "total_draft_tokens": np.array([stats.total_draft_tokens], dtype=np.int32),
         "total_accepted_draft_tokens": np.array([stats.total_accepted_draft_tokens], dtype=np.int32),
+        "num_verify_steps": np.array([stats.num_spec_steps], dtype=np.int32),
         "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
         "num_cached_tokens": np.array([stats.num_cached_tokens], dtype=np.int32),
         "finish_reason": string_array([chunk.finish_reason]),

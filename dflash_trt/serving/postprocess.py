@@ -19,8 +19,8 @@ from dflash_trt.serving.triton_io import error_response, read_inputs, response, 
 # Postprocessing consumes what the dflash model emits (one definition of that contract), except the stop word,
 # which only the tensorrt_llm contract returns.
 INPUTS = {name: kind for name, kind in DFLASH_OUTPUTS.items() if name != "stop_reason"}
-PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate",
-                  "num_cached_tokens", "finish_reason")
+PASSED_THROUGH = ("num_output_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "num_verify_steps",
+                  "acceptance_rate", "num_cached_tokens", "finish_reason")
 
 
 def postprocess(tokenizer, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

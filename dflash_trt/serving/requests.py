@@ -43,6 +43,7 @@ OUTPUTS = {
     "num_output_tokens": "TYPE_INT32",
     "total_draft_tokens": "TYPE_INT32",
     "total_accepted_draft_tokens": "TYPE_INT32",
+    "num_verify_steps": "TYPE_INT32",  # verify steps so far (not in TensorRT-LLM's): tau = 1 + accepted / steps
     "acceptance_rate": "TYPE_FP32",
     "num_cached_tokens": "TYPE_INT32",  # prompt tokens served from the prefix cache (not in TensorRT-LLM's)
     "finish_reason": "TYPE_STRING",

@@ -157,10 +157,15 @@ LAST = Piece(text="!", finish_reason="stop", num_output_tokens=9, total_draft_to
              total_accepted_draft_tokens=6, acceptance_rate=6 / 21)
 
 
-def test_dflash_field_reports_tau_from_the_drafted_and_accepted_counts():
-    # 21 drafts at block size 8 = 3 verify steps committing 6 accepted + 3 bonus tokens: tau 3.
-    assert out.dflash_stats(LAST, 8) == {"tau": 3.0, "num_draft_tokens": 21, "num_accepted_draft_tokens": 6,
-                                         "acceptance_rate": round(6 / 21, 4), "block_size": 8}
+def test_dflash_field_reports_tau_over_the_servers_verify_steps():
+    # The server counted 4 verify steps (the budget policy drafted 7, 7, 4 and 3): 6 accepted + 4 bonus tokens.
+    counted = Piece(text="!", finish_reason="stop", num_output_tokens=10, total_draft_tokens=21,
+                    total_accepted_draft_tokens=6, acceptance_rate=6 / 21, num_verify_steps=4)
+    assert out.dflash_stats(counted, 8) == {"tau": 2.5, "num_draft_tokens": 21, "num_accepted_draft_tokens": 6,
+                                            "num_verify_steps": 4, "acceptance_rate": round(6 / 21, 4),
+                                            "block_size": 8}
+    # A server that does not count them: 21 drafts at block size 8 taken as 3 full steps, tau 3.
+    assert out.dflash_stats(LAST, 8)["tau"] == 3.0 and out.dflash_stats(LAST, 8)["num_verify_steps"] == 3
     assert out.dflash_stats(Piece("", "length", 1, 0, 0, 0.0), 8)["tau"] == 0.0
 
 

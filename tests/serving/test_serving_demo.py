@@ -14,6 +14,7 @@ from dflash_trt.serving.demo import served_answer, tau_from_totals
 def test_tau_counts_the_bonus_token_of_every_verify_step():
     assert tau_from_totals(total_draft_tokens=70, total_accepted_draft_tokens=30, block_size=8) == pytest.approx(4.0)
     assert tau_from_totals(0, 0, 8) == 1.0 and tau_from_totals(10, 0, 1) == 1.0
+    assert tau_from_totals(70, 30, 8, num_verify_steps=15) == pytest.approx(3.0)  # the server's own step count
 
 
 @pytest.mark.slow

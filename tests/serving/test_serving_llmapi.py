@@ -74,7 +74,7 @@ def chunk(window, num_context, finish=b"", drafted=14, accepted=5, stop_reason=b
     return {"stop_reason": np.array([stop_reason], dtype=object), "output_ids": np.array(window, dtype=np.int32),
             "num_context_tokens": np.array([num_context], np.int32), "num_cached_tokens": np.array([0], np.int32),
             "num_output_tokens": np.array([3], np.int32), "total_draft_tokens": np.array([drafted], np.int32),
-            "total_accepted_draft_tokens": np.array([accepted], np.int32),
+            "total_accepted_draft_tokens": np.array([accepted], np.int32), "num_verify_steps": np.array([2], np.int32),
             "acceptance_rate": np.array([accepted / drafted], np.float32),
             "finish_reason": np.array([finish], dtype=object), "generation_id": np.array([b"0" * 32], dtype=object)}
 

@@ -15,7 +15,7 @@ def chunk(ids, num_context, finish=b"", generation_id=b"0" * 32):
         "num_output_tokens": np.array([7], dtype=np.int32), "total_draft_tokens": np.array([21], dtype=np.int32),
         "total_accepted_draft_tokens": np.array([6], dtype=np.int32),
         "acceptance_rate": np.array([6 / 21], dtype=np.float32), "finish_reason": np.array([finish], dtype=object),
-        "num_cached_tokens": np.array([32], dtype=np.int32),
+        "num_cached_tokens": np.array([32], dtype=np.int32), "num_verify_steps": np.array([4], dtype=np.int32),
         "generation_id": np.array([generation_id], dtype=object),
     }
 
@@ -27,6 +27,7 @@ def test_returns_the_text_of_the_new_tokens_and_the_statistics(smollm2_tokenizer
     assert out["text_output"][0].decode() == smollm2_tokenizer.decode(ids)[len("Hello"):]
     assert out["total_draft_tokens"][0] == 21 and out["finish_reason"][0] == b""
     assert out["num_cached_tokens"].tolist() == [[32]]  # passed through with TensorRT-LLM's [1, 1] shape
+    assert out["num_verify_steps"].tolist() == [[4]]
 
 
 def test_holds_back_a_split_character_until_the_last_chunk(smollm2_tokenizer):

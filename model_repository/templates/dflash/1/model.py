@@ -19,7 +19,8 @@ class TritonPythonModel:
     dflash_trt/decoding/step/logits_processors.py).
     Outputs per response: output_ids INT32 [-1] (window for the postprocessing model),
     num_context_tokens INT32 [1], num_output_tokens INT32 [1], total_draft_tokens INT32 [1],
-    total_accepted_draft_tokens INT32 [1], acceptance_rate FP32 [1], finish_reason STRING [1],
+    total_accepted_draft_tokens INT32 [1], num_verify_steps INT32 [1], acceptance_rate FP32 [1],
+    num_cached_tokens INT32 [1], finish_reason STRING [1],
     generation_id STRING [1] (names the generation on the cancel board).
     Responses: with stream=true one per decoding step that commits tokens, else one; the last one
     carries the final flag. Cancellation (the request's own, or marked on the cancel board by

@@ -12,7 +12,8 @@ class TritonPythonModel:
 
     Inputs: output_ids INT32 [-1] (a window: num_context_tokens ids already sent, then the new ids),
     num_context_tokens INT32 [1], and the statistics num_output_tokens, total_draft_tokens,
-    total_accepted_draft_tokens (INT32 [1]), acceptance_rate FP32 [1], finish_reason STRING [1]
+    total_accepted_draft_tokens, num_verify_steps, num_cached_tokens (INT32 [1]), acceptance_rate FP32 [1],
+    finish_reason STRING [1]
     (empty until the last chunk), generation_id STRING [1].
     Outputs: text_output STRING [1] (the text the new ids add; spaces and multi-byte characters stay
     intact across chunks) and the statistics, unchanged. One response per request. A cancelled
