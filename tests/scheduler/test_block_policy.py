@@ -31,9 +31,20 @@ def _run(policy, cost, batch_size: int, rate: float, steps: int = 400) -> list[i
     for step in range(steps):
         plan = policy.choose(batch_size)
         size = plan.block_size
+        _note_exploration(policy)
         policy.observe(batch_size, plan, cost(batch_size, size), _accepted(rate, size, batch_size, step))
         chosen.append(size)
     return chosen
+
+
+def _note_exploration(policy) -> None:
+    """Record, for _settled, whether the decision just taken was an exploration."""
+    policy.explored_steps = getattr(policy, "explored_steps", []) + [policy.last_explored == policy.decisions]
+
+
+def _settled(policy, chosen: list, start: int) -> list:
+    """The choices from `start` on, exploration steps aside."""
+    return [c for c, explored in zip(chosen[start:], policy.explored_steps[start:]) if not explored]
 
 
 def gpu_like(batch_size, block_size):  # verification nearly free until many tokens: drafting pays
@@ -56,7 +67,7 @@ def _true_value(cost, batch_size, block_size, rate):
 def test_policy_settles_on_the_fastest_block_size(cost, batch_size, expected):
     policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
     chosen = _run(policy, cost, batch_size, rate=0.8)
-    settled = [s for i, s in enumerate(chosen[200:], 200) if (i + 1) % 50]  # exploration steps aside
+    settled = _settled(policy, chosen, 200)
     if expected is not None:  # (cpu_like at batch 1: plain and block 5 are within 1% of each other)
         assert set(settled) <= expected, sorted(set(settled))
     best = max(range(1, MAX_BLOCK + 1), key=lambda s: _true_value(cost, batch_size, s, 0.8))
@@ -149,6 +160,7 @@ def _run_plans(policy, cost, batch_size: int, rate: float, steps: int = 400) -> 
     chosen = []
     for step in range(steps):
         plan = policy.choose(batch_size)
+        _note_exploration(policy)
         if plan.tree_budget:
             drafts, rng = _tree_tokens(plan, rate) - 1, random.Random(step)  # rows commit that on average
             accepted = [int(drafts) + (rng.random() < drafts % 1) for _ in range(batch_size)]
@@ -171,7 +183,7 @@ def test_policy_takes_the_tree_where_verifying_is_nearly_free():
     second; the chain's acceptance is low (the drafter's near misses are what the tree recovers)."""
     policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, tree_budgets=[8, 16, 32])
     chosen = _run_plans(policy, gpu_like, 1, rate=0.5)
-    settled = [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+    settled = _settled(policy, chosen, 100)
     assert set(settled) == {StepPlan(MAX_BLOCK, 32)}, set(settled)
 
 
@@ -187,10 +199,11 @@ def test_a_tree_that_recovers_nothing_loses_to_the_chain():
     chosen = []
     for step in range(300):
         plan = policy.choose(1)
+        _note_exploration(policy)
         rows = _accepted(0.7, min(plan.block_size, MAX_BLOCK), 1, step)  # the tree accepts only the spine
         policy.observe(1, plan, cpu_like(1, plan.verified_tokens), rows)
         chosen.append(plan)
-    assert StepPlan(MAX_BLOCK, 32) not in [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+    assert StepPlan(MAX_BLOCK, 32) not in _settled(policy, chosen, 100)
 
 
 def test_tree_budget_ladder_and_the_one_budget_check():
