@@ -251,7 +251,7 @@ class AdaptiveBlockSize:
     """The plan of every step from measured step costs and acceptance (see the module docstring)."""
 
     def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None,
-                 tree_budgets: Sequence[int] = (), explore_share: float = 0.02, catch_up_horizon: int = 16,
+                 tree_budgets: Sequence[int] = (), explore_share: float = 0.01, catch_up_horizon: int = 16,
                  draft_margin: float = 1.05):
         """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
         block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
@@ -338,7 +338,7 @@ class AdaptiveBlockSize:
         best = self.best(batch_size, catch_up_rows)
         if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
-        neighbour = self._neighbour(best)
+        neighbour = self._neighbour(best, batch_size, catch_up_rows)
         if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
             self.explorations += 1
             self.last_explored = self.decisions
@@ -346,11 +346,20 @@ class AdaptiveBlockSize:
             return neighbour
         return best
 
-    def _neighbour(self, best: StepPlan) -> StepPlan | None:
-        """The plan next to `best` by tokens verified, alternately above and below."""
+    def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
+        """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
+        is the question, and the plan it would resume with is the one whose estimate matters). Drafting: in turn the
+        plan next above `best` by tokens verified, the one next below, and plain decoding."""
         if len(self.plans) < 2:
             return None
-        index, step = self.plans.index(best), 1 if self.explorations % 2 == 0 else -1
+        if best.block_size == 1:
+            drafted = [plan for plan in self.plans if plan.block_size > 1]
+            return max(drafted, key=lambda plan: (self.value(batch_size, plan, catch_up_rows) or 0.0,
+                                                  -plan.verified_tokens))
+        turn = self.explorations % 3
+        if turn == 2 and PLAIN in self.plans:
+            return PLAIN
+        index, step = self.plans.index(best), 1 if turn == 0 else -1
         return self.plans[index + step if 0 <= index + step < len(self.plans) else index - step]
 
     def _may_explore(self, batch_size: int, plan: StepPlan, best: StepPlan, catch_up_rows: int) -> bool:
