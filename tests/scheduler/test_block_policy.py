@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize,
-                                                        StepCosts, StepPlan, make_policy)
+from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, BatchStepCosts,
+                                                        FixedBlockSize, StepCosts, StepPlan, make_policy)
 from dflash_trt.errors import DFlashError
 
 MAX_BLOCK = 8
@@ -215,3 +215,97 @@ def test_tree_budget_ladder_and_the_one_budget_check():
         with pytest.raises(DFlashError, match="tree budget must be >= 0"):
             make_policy("adaptive", 8, max_tree_budget=bad)
     assert make_policy("adaptive", 8, max_tree_budget=32).tree_budgets == [8, 16, 32]
+
+
+# -- under load: conservative costs, exploration within a budget, catch-ups charged --------------------------------
+def test_drafted_costs_at_an_unmeasured_batch_size_are_upper_bounds_from_measured_ones():
+    """A step of 16 rows x 2 tokens verifies as many tokens as one of 4 x 8, but costs more (per-row work: the
+    drafter, acceptance); it is bounded by a larger batch's cost at the same tokens per row, or a smaller batch's
+    scaled by the rows, never interpolated by token count."""
+    costs = BatchStepCosts(smoothing=1.0)
+    costs.observe(4, 8, 0.040)
+    costs.observe(4, 2, 0.024)
+    costs.observe(32, 2, 0.080)
+    assert costs.estimate(4, 8) == pytest.approx(0.040)  # measured
+    assert costs.estimate(16, 2) == pytest.approx(min(0.024 * 16 / 4, 0.080))
+    assert costs.estimate(8, 8) == pytest.approx(0.040 * 8 / 4)  # the 32-row bound (0.080 * 8 / 2) is looser
+    assert costs.estimate(2, 2) == pytest.approx(0.024)  # a smaller batch costs no more
+
+
+def test_a_large_batch_does_not_draft_on_the_strength_of_a_small_batch_with_as_many_tokens():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10**6)
+    for _ in range(20):
+        policy.observe(4, StepPlan(8), 0.040, [1, 1, 1, 1])  # the first draft accepted, the second never
+        policy.observe(4, StepPlan(2), 0.024, [1, 1, 1, 1])
+        policy.observe(16, PLAIN, 0.030, [0] * 16)
+    # By token count (4 rows x 8), a chain of 2 at 16 rows would be worth ~2 / 0.040: more than plain's 1 / 0.030.
+    assert policy.best(16) == PLAIN
+    assert policy.cost(16, StepPlan(2)) >= 0.080
+
+
+def test_a_drafted_plan_must_beat_plain_by_the_margin():
+    def tied(margin):
+        policy = AdaptiveBlockSize(2, explore_every=10**6, draft_margin=margin)
+        for _ in range(50):
+            policy.observe(1, StepPlan(2), 0.0195, [1])  # ~2 tokens in 19.5 ms: 2.5% better than plain
+            policy.observe(1, PLAIN, 0.010, [0])
+        policy.acceptance.observe(2, [1] * 200)
+        return policy.best(1)
+
+    assert tied(1.05) == PLAIN and tied(1.0) == StepPlan(2)
+
+
+def _plain_regime(policy, steps: int, catch_up_seconds: float, batch_size: int = 16) -> list[StepPlan]:
+    """A loaded server decoding plain: a plain step costs 30 ms, a drafted one 60 ms and pays a catch-up of every row
+    left pending (catch_up_seconds), and drafting never pays (acceptance 0)."""
+    chosen, pending = [], 0
+    for _ in range(steps):
+        pending += 1
+        rows = batch_size * pending
+        plan = policy.choose(batch_size, catch_up_rows=rows)
+        if plan.block_size > 1:
+            policy.observe_catch_up(rows, catch_up_seconds)
+            policy.observe(batch_size, plan, 0.060, [0] * batch_size)
+            pending = 0
+        else:
+            policy.observe(batch_size, plan, 0.030, [0] * batch_size)
+        chosen.append(plan)
+    return chosen
+
+
+def test_exploring_from_plain_is_rare_when_the_catch_up_it_causes_is_dear():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    policy.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
+    chosen = _plain_regime(policy, 3000, catch_up_seconds=0.300)
+    explored = sum(plan.block_size > 1 for plan in chosen)
+    # 3000 plain steps take 90 s, 1% of it is 0.9 s: three explorations that each cost 0.33 s beyond a plain step
+    # (the catch-up included), not the 60 that one every 50 decisions would be.
+    assert 1 <= explored <= 3, explored
+    # Each exploration was charged its catch-up and what its step cost beyond a plain one.
+    assert policy.explore_seconds == pytest.approx(explored * (0.300 + 0.060 - 0.030), rel=0.05)
+    assert policy.explore_seconds <= policy.explore_share * policy.seconds + 0.33
+    cheap = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    cheap.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
+    assert sum(plan.block_size > 1 for plan in _plain_regime(cheap, 3000, catch_up_seconds=0.0)) > 3 * explored
+
+
+def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=1, explore_share=1.0)
+    for size in range(2, MAX_BLOCK + 1):
+        policy.observe(4, StepPlan(size), 0.010 + 0.010 * size, [size - 1] * 4)  # always accepted
+    policy.observe(4, PLAIN, 0.005, [0] * 4)
+    best_drafted = max((StepPlan(s) for s in range(2, MAX_BLOCK + 1)), key=lambda plan: policy.value(4, plan))
+    assert policy.best(4) == PLAIN and best_drafted != StepPlan(2)
+    assert policy.choose(4) == best_drafted and policy._exploring == best_drafted
+
+
+def test_a_catch_up_is_charged_to_drafting_after_plain_steps():
+    policy = AdaptiveBlockSize(2, explore_every=10**6)
+    for _ in range(10):
+        policy.observe(1, StepPlan(2), 0.015, [1])
+        policy.observe(1, PLAIN, 0.010, [0])
+    policy.acceptance.observe(2, [1] * 200)
+    assert policy.best(1) == StepPlan(2)  # ~1.99 tokens in 15 ms against 1 in 10 ms
+    policy.observe_catch_up(100, 0.400)  # taking in 100 rows cost 0.4 s
+    assert policy.best(1, catch_up_rows=100) == PLAIN  # 25 ms more per step over the next 16: no longer pays
+    assert policy.best(1, catch_up_rows=0) == StepPlan(2)

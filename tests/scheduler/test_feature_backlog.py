@@ -105,3 +105,48 @@ def test_pending_features_of_one_step_are_handed_over_without_a_copy():
     pending = PendingFeatures(None, torch.zeros(3, dtype=torch.long))
     pending.append(features, [2, 4, 1])
     assert pending.rows().data_ptr() == features.data_ptr()
+
+
+def test_a_drafted_step_after_plain_steps_first_catches_the_drafter_up_and_reports_it():
+    """The backlog plain steps left is taken in by a draft call of its own, timed apart from the drafted step, and
+    reported to the policy (which charges it to drafting after plain steps, not to the drafted step's cost)."""
+    model = make_tiny_target("llama", seed=1)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    prompts = [list(range(3, 3 + n)) for n in (5, 9)]
+    params = SamplingParams(max_new_tokens=24)
+    plain = [r.token_ids for r in generate(target, None, prompts, params)]
+    calls = _count_draft_calls(drafter)
+    policy = ScriptedPolicy([StepPlan(1)] * 10 + [StepPlan(4)])
+    assert [r.token_ids for r in generate(target, drafter, prompts, params, 4, policy=policy)] == plain
+    # Two rows x the longest backlog: the 9-token prompt and ten plain steps' tokens; one catch-up only, since
+    # the drafted steps that follow leave at most a block pending.
+    assert policy.catch_ups == [2 * (9 + 10)]
+    assert calls[0] == 9 + 10 and all(width <= 4 for width in calls[1:])
+
+
+class RecordingPolicy(ScriptedPolicy):
+    def __init__(self, plans):
+        super().__init__(plans)
+        self.calls = []
+
+    def choose(self, batch_size, **kwargs):
+        self.calls.append((batch_size, kwargs.get("observed", True)))
+        return super().choose(batch_size)
+
+
+def test_a_newcomers_first_step_takes_the_plan_of_the_batch_it_joins():
+    from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
+
+    model = make_tiny_target("llama", seed=1)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    policy = RecordingPolicy([StepPlan(1)])
+    scheduler = Scheduler(target, drafter, 4, SchedulerLimits(max_batch_size=4), policy)
+    scheduler.add_request([5, 6, 7], SamplingParams(max_new_tokens=20))
+    while scheduler.num_running < 1:
+        scheduler.step()
+    scheduler.step()
+    scheduler.add_request([8, 9, 10, 11], SamplingParams(max_new_tokens=20))
+    while scheduler.num_running < 2:
+        scheduler.step()
+    first_steps = [size for size, observed in policy.calls if not observed]
+    assert first_steps == [1, 2]  # the first request alone, then the newcomer for the batch of two it joins
