@@ -14,17 +14,22 @@ tokens per second for the current batch size B:
   steps weigh less (the mix of requests changes).
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
-- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call),
-  chain steps and tree steps, as a moving average per number of verified tokens n = B * (tokens verified per
-  sequence: S for a chain, budget + 1 for a tree); a size not measured yet is interpolated between the nearest
-  measured sizes (extrapolated linearly beyond them); a tree never measured is costed as a chain of as many
-  tokens.
+- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call, a moving
+  average per batch size, interpolated between measured sizes), chain steps and tree steps (per batch size and
+  tokens verified per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest
+  measured ones, so that drafting never looks cheaper at a batch size where it was not measured); a tree never
+  measured is costed as a chain of as many tokens. A drafted plan chosen while plain steps left a backlog of context
+  rows pending carries the cost of taking them in (CatchUpCost, measured by the scheduler apart from the step),
+  spread over `catch_up_horizon` steps.
+- a drafted plan is taken only if its value beats plain decoding's by `draft_margin` (drafting costs more than
+  its steps show: newcomers' prompts, catch-ups when switching; near a tie, noise would decide).
 - exploration: the first step drafts a chain of max tokens, the second is plain, each tree budget then runs
   once (each mode measured once); a batch size whose plain cost is only extrapolated (no plain step measured
   within 25% of its token count, e.g. only at a much smaller batch) gets one plain step before drafting is
-  preferred there, since extrapolating from a small batch overstates a plain step's cost; then every
-  `explore_every`-th decision takes a neighbour of the best plan (by tokens verified), so estimates follow
-  the load.
+  preferred there, since extrapolating from a small batch overstates a plain step's cost; then at most every
+  `explore_every`-th decision, and only while exploration's cost beyond the best plan's steps (the catch-ups it
+  causes included) stays within `explore_share` of the measured time, it tries another plan: decoding plain, the
+  best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and plain.
 
 The choice never changes what is generated (every plan's verification is lossless), only how fast.
 `FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
