@@ -257,7 +257,7 @@ class AdaptiveBlockSize:
 
     def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None,
                  tree_budgets: Sequence[int] = (), explore_share: float = 0.01, catch_up_horizon: int = 16,
-                 draft_margin: float = 1.05):
+                 draft_margin: float = 1.1):
         """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
         block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
         (tree_budget_ladder; none: chains only); explore_share: the largest share of the measured time that
