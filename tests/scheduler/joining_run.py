@@ -32,11 +32,14 @@ class CyclingBlockSize:
     def __init__(self):
         self.calls = 0
 
-    def choose(self, batch_size: int) -> StepPlan:
+    def choose(self, batch_size: int, **_) -> StepPlan:
         self.calls += 1
         return StepPlan(BLOCK_SIZES[(self.calls - 1) % len(BLOCK_SIZES)])
 
     def observe(self, *args) -> None:
+        pass
+
+    def observe_catch_up(self, rows, seconds) -> None:
         pass
 
 

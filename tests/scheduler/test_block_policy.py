@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, FixedBlockSize,
-                                                        StepCosts, StepPlan, make_policy)
+from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, BatchStepCosts,
+                                                        FixedBlockSize, StepCosts, StepPlan, make_policy)
 from dflash_trt.errors import DFlashError
 
 MAX_BLOCK = 8
@@ -31,9 +31,20 @@ def _run(policy, cost, batch_size: int, rate: float, steps: int = 400) -> list[i
     for step in range(steps):
         plan = policy.choose(batch_size)
         size = plan.block_size
+        _note_exploration(policy)
         policy.observe(batch_size, plan, cost(batch_size, size), _accepted(rate, size, batch_size, step))
         chosen.append(size)
     return chosen
+
+
+def _note_exploration(policy) -> None:
+    """Record, for _settled, whether the decision just taken was an exploration."""
+    policy.explored_steps = getattr(policy, "explored_steps", []) + [policy.last_explored == policy.decisions]
+
+
+def _settled(policy, chosen: list, start: int) -> list:
+    """The choices from `start` on, exploration steps aside."""
+    return [c for c, explored in zip(chosen[start:], policy.explored_steps[start:]) if not explored]
 
 
 def gpu_like(batch_size, block_size):  # verification nearly free until many tokens: drafting pays
@@ -56,7 +67,7 @@ def _true_value(cost, batch_size, block_size, rate):
 def test_policy_settles_on_the_fastest_block_size(cost, batch_size, expected):
     policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
     chosen = _run(policy, cost, batch_size, rate=0.8)
-    settled = [s for i, s in enumerate(chosen[200:], 200) if (i + 1) % 50]  # exploration steps aside
+    settled = _settled(policy, chosen, 200)
     if expected is not None:  # (cpu_like at batch 1: plain and block 5 are within 1% of each other)
         assert set(settled) <= expected, sorted(set(settled))
     best = max(range(1, MAX_BLOCK + 1), key=lambda s: _true_value(cost, batch_size, s, 0.8))
@@ -149,6 +160,7 @@ def _run_plans(policy, cost, batch_size: int, rate: float, steps: int = 400) -> 
     chosen = []
     for step in range(steps):
         plan = policy.choose(batch_size)
+        _note_exploration(policy)
         if plan.tree_budget:
             drafts, rng = _tree_tokens(plan, rate) - 1, random.Random(step)  # rows commit that on average
             accepted = [int(drafts) + (rng.random() < drafts % 1) for _ in range(batch_size)]
@@ -171,7 +183,7 @@ def test_policy_takes_the_tree_where_verifying_is_nearly_free():
     second; the chain's acceptance is low (the drafter's near misses are what the tree recovers)."""
     policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, tree_budgets=[8, 16, 32])
     chosen = _run_plans(policy, gpu_like, 1, rate=0.5)
-    settled = [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+    settled = _settled(policy, chosen, 100)
     assert set(settled) == {StepPlan(MAX_BLOCK, 32)}, set(settled)
 
 
@@ -187,10 +199,11 @@ def test_a_tree_that_recovers_nothing_loses_to_the_chain():
     chosen = []
     for step in range(300):
         plan = policy.choose(1)
+        _note_exploration(policy)
         rows = _accepted(0.7, min(plan.block_size, MAX_BLOCK), 1, step)  # the tree accepts only the spine
         policy.observe(1, plan, cpu_like(1, plan.verified_tokens), rows)
         chosen.append(plan)
-    assert StepPlan(MAX_BLOCK, 32) not in [p for i, p in enumerate(chosen[100:], 100) if (i + 1) % 50]
+    assert StepPlan(MAX_BLOCK, 32) not in _settled(policy, chosen, 100)
 
 
 def test_tree_budget_ladder_and_the_one_budget_check():
@@ -202,3 +215,97 @@ def test_tree_budget_ladder_and_the_one_budget_check():
         with pytest.raises(DFlashError, match="tree budget must be >= 0"):
             make_policy("adaptive", 8, max_tree_budget=bad)
     assert make_policy("adaptive", 8, max_tree_budget=32).tree_budgets == [8, 16, 32]
+
+
+# -- under load: conservative costs, exploration within a budget, catch-ups charged --------------------------------
+def test_drafted_costs_at_an_unmeasured_batch_size_are_upper_bounds_from_measured_ones():
+    """A step of 16 rows x 2 tokens verifies as many tokens as one of 4 x 8, but costs more (per-row work: the
+    drafter, acceptance); it is bounded by a larger batch's cost at the same tokens per row, or a smaller batch's
+    scaled by the rows, never interpolated by token count."""
+    costs = BatchStepCosts(smoothing=1.0)
+    costs.observe(4, 8, 0.040)
+    costs.observe(4, 2, 0.024)
+    costs.observe(32, 2, 0.080)
+    assert costs.estimate(4, 8) == pytest.approx(0.040)  # measured
+    assert costs.estimate(16, 2) == pytest.approx(min(0.024 * 16 / 4, 0.080))
+    assert costs.estimate(8, 8) == pytest.approx(0.040 * 8 / 4)  # the 32-row bound (0.080 * 8 / 2) is looser
+    assert costs.estimate(2, 2) == pytest.approx(0.024)  # a smaller batch costs no more
+
+
+def test_a_large_batch_does_not_draft_on_the_strength_of_a_small_batch_with_as_many_tokens():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10**6)
+    for _ in range(20):
+        policy.observe(4, StepPlan(8), 0.040, [1, 1, 1, 1])  # the first draft accepted, the second never
+        policy.observe(4, StepPlan(2), 0.024, [1, 1, 1, 1])
+        policy.observe(16, PLAIN, 0.030, [0] * 16)
+    # By token count (4 rows x 8), a chain of 2 at 16 rows would be worth ~2 / 0.040: more than plain's 1 / 0.030.
+    assert policy.best(16) == PLAIN
+    assert policy.cost(16, StepPlan(2)) >= 0.080
+
+
+def test_a_drafted_plan_must_beat_plain_by_the_margin():
+    def tied(margin):
+        policy = AdaptiveBlockSize(2, explore_every=10**6, draft_margin=margin)
+        for _ in range(50):
+            policy.observe(1, StepPlan(2), 0.0195, [1])  # ~2 tokens in 19.5 ms: 2.5% better than plain
+            policy.observe(1, PLAIN, 0.010, [0])
+        policy.acceptance.observe(2, [1] * 200)
+        return policy.best(1)
+
+    assert tied(1.05) == PLAIN and tied(1.0) == StepPlan(2)
+
+
+def _plain_regime(policy, steps: int, catch_up_seconds: float, batch_size: int = 16) -> list[StepPlan]:
+    """A loaded server decoding plain: a plain step costs 30 ms, a drafted one 60 ms and pays a catch-up of every row
+    left pending (catch_up_seconds), and drafting never pays (acceptance 0)."""
+    chosen, pending = [], 0
+    for _ in range(steps):
+        pending += 1
+        rows = batch_size * pending
+        plan = policy.choose(batch_size, catch_up_rows=rows)
+        if plan.block_size > 1:
+            policy.observe_catch_up(rows, catch_up_seconds)
+            policy.observe(batch_size, plan, 0.060, [0] * batch_size)
+            pending = 0
+        else:
+            policy.observe(batch_size, plan, 0.030, [0] * batch_size)
+        chosen.append(plan)
+    return chosen
+
+
+def test_exploring_from_plain_is_rare_when_the_catch_up_it_causes_is_dear():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    policy.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
+    chosen = _plain_regime(policy, 3000, catch_up_seconds=0.300)
+    explored = sum(plan.block_size > 1 for plan in chosen)
+    # 3000 plain steps take 90 s, 1% of it is 0.9 s: three explorations that each cost 0.33 s beyond a plain step
+    # (the catch-up included), not the 60 that one every 50 decisions would be.
+    assert 1 <= explored <= 3, explored
+    # Each exploration was charged its catch-up and what its step cost beyond a plain one.
+    assert policy.explore_seconds == pytest.approx(explored * (0.300 + 0.060 - 0.030), rel=0.05)
+    assert policy.explore_seconds <= policy.explore_share * policy.seconds + 0.33
+    cheap = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    cheap.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
+    assert sum(plan.block_size > 1 for plan in _plain_regime(cheap, 3000, catch_up_seconds=0.0)) > 3 * explored
+
+
+def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=1, explore_share=1.0)
+    for size in range(2, MAX_BLOCK + 1):
+        policy.observe(4, StepPlan(size), 0.010 + 0.010 * size, [size - 1] * 4)  # always accepted
+    policy.observe(4, PLAIN, 0.005, [0] * 4)
+    best_drafted = max((StepPlan(s) for s in range(2, MAX_BLOCK + 1)), key=lambda plan: policy.value(4, plan))
+    assert policy.best(4) == PLAIN and best_drafted != StepPlan(2)
+    assert policy.choose(4) == best_drafted and policy._exploring == best_drafted
+
+
+def test_a_catch_up_is_charged_to_drafting_after_plain_steps():
+    policy = AdaptiveBlockSize(2, explore_every=10**6)
+    for _ in range(10):
+        policy.observe(1, StepPlan(2), 0.015, [1])
+        policy.observe(1, PLAIN, 0.010, [0])
+    policy.acceptance.observe(2, [1] * 200)
+    assert policy.best(1) == StepPlan(2)  # ~1.99 tokens in 15 ms against 1 in 10 ms
+    policy.observe_catch_up(100, 0.400)  # taking in 100 rows cost 0.4 s
+    assert policy.best(1, catch_up_rows=100) == PLAIN  # 25 ms more per step over the next 16: no longer pays
+    assert policy.best(1, catch_up_rows=0) == StepPlan(2)

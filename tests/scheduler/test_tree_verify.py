@@ -145,11 +145,14 @@ class ScriptedPolicy:
         self.steps = itertools.cycle(plans)
         self.observed = []
 
-    def choose(self, batch_size):
+    def choose(self, batch_size, **_):
         return next(self.steps)
 
     def observe(self, batch_size, plan, seconds, accepted):
         self.observed.append(plan)
+
+    def observe_catch_up(self, rows, seconds):
+        pass
 
 
 SWITCHING = [StepPlan(1), StepPlan(BLOCK, 16), StepPlan(BLOCK, 0), StepPlan(3, 32), StepPlan(1), StepPlan(5, 0),

@@ -67,6 +67,8 @@ class Drafter(Protocol):
     samples_drafts: whether `propose` draws its drafts (it then needs each row's sampling and returns q).
     static_block_size: the one block size the drafter can draft (an exported graph), or None for any.
     proposes_top_k: whether `propose(..., top_k=K)` gives each slot's top-K candidates (tree verification).
+    absorb_block (optional, default 2): the block width of a draft call that only takes in context (step.absorb_context);
+    1 where the drafter runs the anchor alone, without drafts or output head.
     """
 
     config: DrafterConfig

@@ -14,17 +14,22 @@ tokens per second for the current batch size B:
   steps weigh less (the mix of requests changes).
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
-- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call),
-  chain steps and tree steps, as a moving average per number of verified tokens n = B * (tokens verified per
-  sequence: S for a chain, budget + 1 for a tree); a size not measured yet is interpolated between the nearest
-  measured sizes (extrapolated linearly beyond them); a tree never measured is costed as a chain of as many
-  tokens.
+- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call, a moving
+  average per batch size, interpolated between measured sizes), chain steps and tree steps (per batch size and
+  tokens verified per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest
+  measured ones, so that drafting never looks cheaper at a batch size where it was not measured); a tree never
+  measured is costed as a chain of as many tokens. A drafted plan chosen while plain steps left a backlog of context
+  rows pending carries the cost of taking them in (CatchUpCost, measured by the scheduler apart from the step),
+  spread over `catch_up_horizon` steps.
+- a drafted plan is taken only if its value beats plain decoding's by `draft_margin` (drafting costs more than
+  its steps show: newcomers' prompts, catch-ups when switching; near a tie, noise would decide).
 - exploration: the first step drafts a chain of max tokens, the second is plain, each tree budget then runs
   once (each mode measured once); a batch size whose plain cost is only extrapolated (no plain step measured
   within 25% of its token count, e.g. only at a much smaller batch) gets one plain step before drafting is
-  preferred there, since extrapolating from a small batch overstates a plain step's cost; then every
-  `explore_every`-th decision takes a neighbour of the best plan (by tokens verified), so estimates follow
-  the load.
+  preferred there, since extrapolating from a small batch overstates a plain step's cost; then at most every
+  `explore_every`-th decision, and only while exploration's cost beyond the best plan's steps (the catch-ups it
+  causes included) stays within `explore_share` of the measured time, it tries another plan: decoding plain, the
+  best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and plain.
 
 The choice never changes what is generated (every plan's verification is lossless), only how fast.
 `FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
@@ -32,6 +37,7 @@ The choice never changes what is generated (every plan's verification is lossles
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -65,9 +71,15 @@ class BlockSizePolicy(Protocol):
     max_block_size: int
     tree_budgets: list[int]  # the tree budgets it may choose (none: chains only); the scheduler reserves KV for them
 
-    def choose(self, batch_size: int) -> StepPlan: ...
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
+        """The plan of the next step of a batch of `batch_size` rows. catch_up_rows: context rows the drafter would
+        first have to take in (rows x the longest backlog) if the step drafted; observed False: the step is not
+        going to be observed (a newcomer group's first step, chosen for the batch it joins): no exploration."""
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None: ...
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        """The drafter took in a backlog of `rows` context rows before a drafted step, in `seconds`."""
 
 
 class FixedBlockSize:
@@ -81,10 +93,13 @@ class FixedBlockSize:
         self.tree_budgets = [tree_budget] if tree_budget else []
         self.plan = StepPlan(block_size, tree_budget)
 
-    def choose(self, batch_size: int) -> StepPlan:
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
         return self.plan
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
+        pass
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
         pass
 
 
@@ -164,6 +179,64 @@ class StepCosts:
         return self.seconds[a] + slope * (n - a)
 
 
+class BatchStepCosts:
+    """Moving averages of drafted step seconds per (batch size, tokens verified per sequence), for one mode (chains
+    or trees).
+
+    Drafted steps at a batch size are measured rarely when plain decoding wins there, so what an unmeasured batch
+    size costs must not come out optimistic (the policy would draft where it does not pay). At a measured batch size,
+    the estimate is StepCosts over the tokens per sequence. Elsewhere it is the tightest of two upper bounds from the
+    nearest measured batch sizes at the same tokens per sequence: a larger batch B' costs no less, cost(B'); a
+    smaller one B' at most scales, cost(B') * B / B' (no gain from batching assumed). Never interpolated across
+    batch sizes by token count, which is what made a step of 16 rows x 2 tokens look as cheap as one of 4 x 8.
+    (At a measured batch size but an unmeasured token count, the smallest of its own estimate and those bounds.)"""
+
+    def __init__(self, smoothing: float = 0.3):
+        self.smoothing = smoothing
+        self.by_batch: dict[int, StepCosts] = {}
+
+    def observe(self, batch_size: int, per_row: int, seconds: float) -> None:
+        self.by_batch.setdefault(batch_size, StepCosts(self.smoothing)).observe(per_row, seconds)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_batch)
+
+    def estimate(self, batch_size: int, per_row: int) -> float:
+        own = self.by_batch.get(batch_size)
+        if own is not None and per_row in own.seconds:
+            return own.seconds[per_row]
+        below = [b for b in self.by_batch if b < batch_size]
+        above = [b for b in self.by_batch if b > batch_size]
+        bounds = [own.estimate(per_row)] if own is not None else []
+        if below:
+            nearest = max(below)
+            bounds.append(self.by_batch[nearest].estimate(per_row) * batch_size / nearest)
+        if above:
+            bounds.append(self.by_batch[min(above)].estimate(per_row))
+        return min(bounds)
+
+
+class CatchUpCost:
+    """Seconds of the drafter taking in a backlog of context rows: StepCosts over the row count (a draft call has a
+    fixed part, so neither a per-row rate nor one size stands for all), rows bucketed by half octaves."""
+
+    def __init__(self, smoothing: float = 0.5):
+        self.costs = StepCosts(smoothing)
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return max(1, round(2 ** (round(2 * math.log2(rows)) / 2)))
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows > 0:
+            key = self.bucket(rows)
+            self.costs.observe(key, seconds * key / rows)
+
+    def estimate(self, rows: int) -> float:
+        """Seconds to take in `rows` (0 before any catch-up was measured)."""
+        return self.costs.estimate(rows) if self.costs and rows > 0 else 0.0
+
+
 class TreeTokens:
     """Mean tokens committed per sequence by one tree budget's steps, older steps weighing less."""
 
@@ -183,13 +256,20 @@ class AdaptiveBlockSize:
     """The plan of every step from measured step costs and acceptance (see the module docstring)."""
 
     def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None,
-                 tree_budgets: Sequence[int] = ()):
+                 tree_budgets: Sequence[int] = (), explore_share: float = 0.01, catch_up_horizon: int = 16,
+                 draft_margin: float = 1.1):
         """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
         block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
-        (tree_budget_ladder; none: chains only)."""
+        (tree_budget_ladder; none: chains only); explore_share: the largest share of the measured time that
+        exploration (its steps and the catch-ups they cause) may take; catch_up_horizon: the drafted steps a
+        catch-up is spread over when drafting resumes on its merits; draft_margin: how much more a drafted plan's value
+        must be than plain decoding's for it to be chosen (drafting costs more than its steps show: newcomers' prompts
+        through the drafter, catch-ups when switching; and near a tie the noise of rarely measured steps would
+        otherwise decide)."""
         if max_block_size < 1:
             raise DFlashError(f"block_size must be >= 1, got {max_block_size}")
         self.max_block_size, self.explore_every = max_block_size, explore_every
+        self.explore_share, self.catch_up_horizon, self.draft_margin = explore_share, catch_up_horizon, draft_margin
         self.sizes = sorted(set(sizes)) if sizes else list(range(1, max_block_size + 1))
         self.tree_budgets = sorted({check_tree_budget(b) for b in tree_budgets} - {0}) if max_block_size > 1 else []
         # Every plan it may choose, ordered by tokens verified per sequence (exploration takes neighbours).
@@ -197,17 +277,28 @@ class AdaptiveBlockSize:
         trees = [StepPlan(max_block_size, budget) for budget in self.tree_budgets]
         self.plans = sorted(chains + trees, key=lambda plan: (plan.verified_tokens, plan.tree_budget))
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
-        self.plain, self.drafted, self.trees = StepCosts(), StepCosts(), StepCosts()
+        self.plain, self.drafted, self.trees = StepCosts(), BatchStepCosts(), BatchStepCosts()
+        self.catch_up = CatchUpCost()
         self.tree_tokens: dict[int, TreeTokens] = {}
         self.decisions = 0
+        self.explorations = 0
+        self.last_explored = 0  # the decision that last explored
+        self.seconds = 0.0  # every observed step and catch-up
+        self.explore_seconds = 0.0  # those of exploration steps and the catch-ups they caused
+        self._exploring: StepPlan | None = None  # the plan of the exploration step under way
+        self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
 
-    def cost(self, batch_size: int, plan: StepPlan) -> float | None:
+    def cost(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
+        """Seconds of one step of `plan`; a drafted one after a backlog of catch_up_rows context rows carries its
+        share of taking them in (the catch-up spread over catch_up_horizon steps)."""
         if plan.block_size == 1:
-            costs = self.plain
-        else:
-            costs = self.trees if plan.tree_budget and self.trees else self.drafted
-        return costs.estimate(batch_size * plan.verified_tokens) if costs else None
+            return self.plain.estimate(batch_size) if self.plain else None
+        costs = self.trees if plan.tree_budget and self.trees else self.drafted
+        if not costs:
+            return None
+        return costs.estimate(batch_size, plan.verified_tokens) + \
+            self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
 
     def tokens(self, plan: StepPlan) -> float:
         """Expected tokens committed per sequence by one step of `plan`."""
@@ -217,22 +308,31 @@ class AdaptiveBlockSize:
             return measured.mean if measured is not None else self.acceptance.tokens(spine)
         return self.acceptance.tokens(plan.block_size)
 
-    def value(self, batch_size: int, plan: StepPlan) -> float | None:
+    def value(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Expected committed tokens per second per sequence; None before any step of that mode ran."""
-        cost = self.cost(batch_size, plan)
+        cost = self.cost(batch_size, plan, catch_up_rows)
         return None if cost is None else self.tokens(plan) / max(cost, 1e-9)
 
-    def best(self, batch_size: int) -> StepPlan:
-        values = {plan: self.value(batch_size, plan) for plan in self.plans}
+    def best(self, batch_size: int, catch_up_rows: int = 0) -> StepPlan:
+        """The plan of the highest value; a drafted one only if it beats plain decoding by draft_margin."""
+        values = {plan: self.value(batch_size, plan, catch_up_rows) for plan in self.plans}
         known = {plan: v for plan, v in values.items() if v is not None}
         if not known:
             return StepPlan(self.max_block_size)
-        return max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
+        best = max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
+        if best.block_size > 1 and PLAIN in known and known[best] < self.draft_margin * known[PLAIN]:
+            return PLAIN
+        return best
 
-    def choose(self, batch_size: int) -> StepPlan:
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
         if self.max_block_size == 1:
             return PLAIN
+        if not observed:  # a newcomer group's first step: what the batch it joins would run next, nothing measured
+            if not self.drafted:
+                return StepPlan(self.max_block_size)
+            return self.best(batch_size, catch_up_rows) if self.plain else PLAIN
         self.decisions += 1
+        self._exploring = None
         if not self.drafted:
             return StepPlan(self.max_block_size)
         if not self.plain:
@@ -240,24 +340,63 @@ class AdaptiveBlockSize:
         for budget in self.tree_budgets:
             if budget not in self.tree_tokens:
                 return StepPlan(self.max_block_size, budget)  # each tree budget's acceptance measured once
-        best = self.best(batch_size)
+        best = self.best(batch_size, catch_up_rows)
         if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
-        if self.decisions % self.explore_every == 0 and len(self.plans) > 1:
-            index, step = self.plans.index(best), 1 if (self.decisions // self.explore_every) % 2 else -1
-            neighbour = index + step if 0 <= index + step < len(self.plans) else index - step
-            return self.plans[neighbour]
+        neighbour = self._neighbour(best, batch_size, catch_up_rows)
+        if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
+            self.explorations += 1
+            self.last_explored = self.decisions
+            self._exploring, self._baseline = neighbour, self.cost(batch_size, best) or 0.0
+            return neighbour
         return best
+
+    def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
+        """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
+        is the question, and the plan it would resume with is the one whose estimate matters). Drafting: in turn the
+        plan next above `best` by tokens verified, the one next below, and plain decoding."""
+        if len(self.plans) < 2:
+            return None
+        if best.block_size == 1:
+            drafted = [plan for plan in self.plans if plan.block_size > 1]
+            return max(drafted, key=lambda plan: (self.value(batch_size, plan, catch_up_rows) or 0.0,
+                                                  -plan.verified_tokens))
+        turn = self.explorations % 3
+        if turn == 2 and PLAIN in self.plans:
+            return PLAIN
+        index, step = self.plans.index(best), 1 if turn == 0 else -1
+        return self.plans[index + step if 0 <= index + step < len(self.plans) else index - step]
+
+    def _may_explore(self, batch_size: int, plan: StepPlan, best: StepPlan, catch_up_rows: int) -> bool:
+        """At most one exploration every explore_every decisions, and only while what exploring costs beyond the best
+        plan's steps (the catch-ups that drafting after plain steps needs included) stays within explore_share of
+        the measured time."""
+        if self.decisions - self.last_explored < self.explore_every:
+            return False
+        excess = max((self.cost(batch_size, plan) or 0.0) - (self.cost(batch_size, best) or 0.0), 0.0)
+        if plan.block_size > 1:
+            excess += self.catch_up.estimate(catch_up_rows)
+        return self.explore_seconds + excess <= self.explore_share * (self.seconds + excess)
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        self.catch_up.observe(rows, seconds)
+        self.seconds += seconds
+        if self._exploring is not None:
+            self.explore_seconds += seconds
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         self.steps_run[plan] += 1
+        self.seconds += seconds
+        if self._exploring is not None:
+            self.explore_seconds += max(seconds - self._baseline, 0.0)
+            self._exploring = None
         if plan.block_size == 1:
             self.plain.observe(batch_size, seconds)
         elif plan.tree_budget:
-            self.trees.observe(batch_size * plan.verified_tokens, seconds)
+            self.trees.observe(batch_size, plan.verified_tokens, seconds)
             self.tree_tokens.setdefault(plan.tree_budget, TreeTokens()).observe(accepted)
         else:
-            self.drafted.observe(batch_size * plan.block_size, seconds)
+            self.drafted.observe(batch_size, plan.block_size, seconds)
             self.acceptance.observe(plan.block_size, accepted)
 
 

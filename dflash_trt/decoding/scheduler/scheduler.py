@@ -200,18 +200,41 @@ class Scheduler:
 
     # -- the pieces of a step -------------------------------------------------------------------------
     def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
-        plan = self.policy.choose(len(batch)) if self.drafter is not None else PLAIN
+        if self.drafter is None:
+            plan = PLAIN
+        elif first:  # a newcomer group's first step takes the plan of the batch it joins (drafting takes its prompt
+            # in while it is alone); the policy does not learn from it. Drafting there would first catch up what plain
+            # steps left pending in the running rows (the group's own prompt is taken in either way).
+            rows = len(batch) + self.num_running
+            backlog = self._backlog(self.running) if self.running is not None else 0
+            plan = self.policy.choose(rows, catch_up_rows=backlog and rows * self.running.pending_features,
+                                      observed=False)
+        else:
+            plan = self.policy.choose(len(batch), catch_up_rows=self._backlog(batch))
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
             # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
             plan = plan.with_block_size(max(1, min(plan.block_size, max(r.remaining for r in batch.requests) + 1)))
         elif plan.block_size not in self.block_sizes:
             plan = plan.with_block_size(self.max_block_size)
+        if plan.block_size > 1 and not first and self._backlog(batch):
+            # The drafter first takes in what plain steps left pending, timed on its own: the policy charges it to
+            # drafting after plain steps (and to the exploration that caused it), not to the drafted step.
+            rows, start = batch.pending_context_rows, time.perf_counter()
+            absorb_context(self.target, self.drafter, batch)
+            self.policy.observe_catch_up(rows, time.perf_counter() - start)
         start = time.perf_counter()
         report = decode_step(self.target, self.drafter, batch, plan.block_size, self.layer_ids,
                              self._methods[plan.tree_budget])
         if not first:
             self.policy.observe(len(batch), plan, time.perf_counter() - start, report.accepted)
         return report.outputs
+
+    def _backlog(self, batch: RunningBatch) -> int:
+        """Context rows a drafted step would have to take in beyond a usual step's (rows x the longest backlog), when
+        plain steps or a newcomer's prompt left more than two blocks pending; else 0."""
+        if self.drafter is None or batch.pending_features <= 2 * self.max_block_size:
+            return 0
+        return batch.pending_context_rows
 
     def _leave(self) -> None:
         if self.running is not None:

@@ -83,20 +83,93 @@ class Request:
                           num_draft_tokens, num_accepted_drafts, self.result.num_cached_tokens)
 
 
+class PendingFeatures:
+    """Target features of the context rows the drafter has not taken in yet, per batch row and in order.
+
+    Kept as references to the tensors they came from (a prefill's features, each step's verify features), never
+    copied until the drafter takes them: appending a step's rows, reordering rows (`select`) and adding newcomers
+    (`merge`) cost O(rows), however long the backlog of a batch that decodes plain grows. `rows()` builds the
+    left-aligned [B, width, F] tensor the drafter takes, without a copy when every row's pending rows are one slice
+    of one tensor (a batch that drafted the step before, or a fresh prefill)."""
+
+    def __init__(self, features: torch.Tensor | None, lens: torch.Tensor):
+        self.lens = lens  # [B] pending rows per batch row (on the batch's device)
+        counts = lens.tolist()
+        # parts[b]: (tensor [*, N, F], its row, rows taken from its start), in context order.
+        self.parts: list[list[tuple[torch.Tensor, int, int]]] = [
+            [(features, b, n)] if features is not None and n else [] for b, n in enumerate(counts)]
+        self.counts = counts if features is not None else [0] * len(counts)
+        if features is None:
+            self.lens = torch.zeros_like(lens)
+        self.empty = None if features is None else features[:, :0]  # what rows() returns with nothing pending
+
+    @property
+    def width(self) -> int:
+        return max(self.counts, default=0)
+
+    def append(self, new: torch.Tensor, new_counts: list[int]) -> None:
+        """Add new[b, :new_counts[b]] after row b's pending rows."""
+        if self.empty is None:
+            self.empty = new[:, :0]
+        for row, count in enumerate(new_counts):
+            if count:
+                self.parts[row].append((new, row, count))
+                self.counts[row] += count
+        self.lens = self.lens + torch.tensor(new_counts, dtype=self.lens.dtype, device=self.lens.device)
+
+    def select(self, rows: list[int], index: torch.Tensor) -> None:
+        self.parts = [self.parts[r] for r in rows]
+        self.counts = [self.counts[r] for r in rows]
+        self.lens = self.lens[index]
+
+    def merge(self, other: "PendingFeatures") -> None:
+        self.parts, self.counts = self.parts + other.parts, self.counts + other.counts
+        self.lens = torch.cat((self.lens, other.lens))
+
+    def clear(self) -> None:
+        self.parts = [[] for _ in self.parts]
+        self.counts = [0] * len(self.counts)
+        self.lens = torch.zeros_like(self.lens)
+
+    def rows(self) -> torch.Tensor | None:
+        """[B, width, F]: row b's pending features left-aligned (columns past its count: zeros or other rows,
+        masked by lens); None without features (no drafter)."""
+        width = self.width
+        if width == 0:
+            return None if self.empty is None else self.empty.new_zeros(len(self.parts), 0, self.empty.shape[2])
+        sources = {id(part[0][0]) for part in self.parts if part}
+        if sources and all(len(part) <= 1 for part in self.parts) and len(sources) == 1:
+            source = next(part[0][0] for part in self.parts if part)
+            if source.shape[0] == len(self.parts) and source.shape[1] >= width and all(
+                    part[0][1] == b for b, part in enumerate(self.parts) if part):
+                return source[:, :width]  # each row's pending rows are its own row of one tensor
+        first = next(part[0][0] for part in self.parts if part)
+        out = first.new_zeros(len(self.parts), width, first.shape[2])
+        for b, part in enumerate(self.parts):
+            start = 0
+            for tensor, row, count in part:
+                out[b, start:start + count] = tensor[row, :count]
+                start += count
+        return out
+
+
 class RunningBatch:
     """Tensors shared by the rows; row b belongs to requests[b].
 
     cache: the target's KV cache (kv_cache.BatchKVCache), row b holding positions 0 .. next_pos[b] - 1.
     next_pos[b]: position of last_token[b], the newest committed token, which is not in the cache yet
-    (the cache's row length, kept by the cache alone). features [B, C, K*D]:
-    target features of context rows the drafter has not seen, left-aligned, ctx_lens[b] valid per row.
+    (the cache's row length, kept by the cache alone). pending: the target features [K*D] of context rows the
+    drafter has not seen (PendingFeatures), ctx_lens[b] of them for row b; features: None without a drafter.
     draft_cache: the drafter's context cache (protocols.DraftCache; None without a drafter).
     """
 
     def __init__(self, requests: list[Request], cache: BatchKVCache, last_token: torch.Tensor,
                  features: torch.Tensor | None, ctx_lens: torch.Tensor, draft_cache):
+        """features [B, C, K*D]: the pending context rows, left-aligned, ctx_lens[b] valid in row b (None: no
+        drafter)."""
         self.requests, self.cache, self.last_token = requests, cache, last_token
-        self.features, self.ctx_lens, self.draft_cache = features, ctx_lens, draft_cache
+        self.pending = PendingFeatures(features, ctx_lens)
+        self.draft_cache = draft_cache
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -110,15 +183,18 @@ class RunningBatch:
     def next_pos(self) -> torch.Tensor:
         return self.cache.lengths
 
+    @property
+    def ctx_lens(self) -> torch.Tensor:
+        """[B] pending context rows per row."""
+        return self.pending.lens
+
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order); the others' memory is released."""
         index = torch.tensor(rows, dtype=torch.long, device=self.last_token.device)
         self.requests = [self.requests[r] for r in rows]
         self.cache.select(rows)
         self.last_token = self.last_token[index]
-        self.ctx_lens = self.ctx_lens[index]
-        if self.features is not None:
-            self.features = self.features[index]
+        self.pending.select(rows, index)
         if self.draft_cache is not None:
             self.draft_cache.select(index)
         self.trim()
@@ -130,14 +206,11 @@ class RunningBatch:
             self.select(fill_from_the_end(active))
 
     def trim(self) -> None:
-        """Give back KV capacity no remaining row can reach (target and drafter), cut unused feature columns."""
+        """Give back KV capacity no remaining row can reach (target and drafter)."""
         if not self.requests:
             return
         longest = max(r.reserved_tokens for r in self.requests)
         self.cache.release(longest)
-        if self.features is not None:
-            width = int(self.ctx_lens.max())
-            self.features = self.features[:, :width]
         if self.draft_cache is not None:
             self.draft_cache.shrink(longest)
 
@@ -146,40 +219,33 @@ class RunningBatch:
         self.cache.merge(other.cache)
         self.requests = self.requests + other.requests
         self.last_token = torch.cat((self.last_token, other.last_token))
-        self.ctx_lens = torch.cat((self.ctx_lens, other.ctx_lens))
-        if self.features is not None:
-            columns = max(self.features.shape[1], other.features.shape[1])
-            self.features = torch.cat((_pad_right(self.features, columns), _pad_right(other.features, columns)))
+        self.pending.merge(other.pending)
         if self.draft_cache is not None:
             self.draft_cache.concat(other.draft_cache)
 
-    def append_features(self, new: torch.Tensor, new_lens: torch.Tensor) -> None:
-        """Add new context rows (new[b, :new_lens[b]]) after each row's pending ones (no draft this step).
-
-        Written in place into spare columns, grown by doubling: plain steps append a row each, and copying the
-        whole backlog every step would cost more than the step."""
-        if self.features is None or not bool(self.ctx_lens.any()):
-            self.features, self.ctx_lens = new, new_lens
-            return
-        rows, width = new.shape[0], int((self.ctx_lens + new_lens).max())
-        if width > self.features.shape[1]:
-            grown = self.features.new_zeros(rows, max(width, 2 * self.features.shape[1]), new.shape[2])
-            grown[:, :self.features.shape[1]] = self.features
-            self.features = grown
-        columns = self.ctx_lens[:, None] + torch.arange(new.shape[1], device=new.device)[None, :]
-        keep = torch.arange(new.shape[1], device=new.device)[None, :] < new_lens[:, None]
-        row_index = torch.arange(rows, device=new.device)[:, None].expand_as(columns)
-        self.features[row_index[keep], columns[keep]] = new[keep]
-        self.ctx_lens = self.ctx_lens + new_lens
+    def append_features(self, new: torch.Tensor, new_counts: list[int]) -> None:
+        """Add new context rows new[b, :new_counts[b]] after each row's pending ones (kept by reference)."""
+        self.pending.append(new, new_counts)
 
     @property
     def pending_features(self) -> int:
         """Context rows the drafter has not taken in yet, in the longest row."""
-        return int(self.ctx_lens.max()) if self.features is not None and len(self.ctx_lens) else 0
+        return self.pending.width
+
+    @property
+    def pending_context_rows(self) -> int:
+        """Context rows a draft call would compute now: every row padded to the longest (batch x pending)."""
+        return len(self.requests) * self.pending.width
 
     def pending_feature_rows(self) -> torch.Tensor | None:
-        """The pending features without spare columns: [B, pending_features, K*D]."""
-        return None if self.features is None else self.features[:, :self.pending_features]
+        """The pending features, left-aligned: [B, pending_features, K*D] (None: none pending)."""
+        return self.pending.rows()
+
+    def take_pending_features(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(pending_feature_rows(), ctx_lens), which the drafter takes in now: none are pending after."""
+        rows, lens = self.pending.rows(), self.pending.lens
+        self.pending.clear()
+        return rows, lens
 
 
 def fill_from_the_end(active: list[int]) -> list[int]:
@@ -189,12 +255,3 @@ def fill_from_the_end(active: list[int]) -> list[int]:
     stay = {row for row in active if row < keep}
     movers = iter(row for row in reversed(active) if row >= keep)
     return [row if row in stay else next(movers) for row in range(keep)]
-
-
-def _pad_right(tensor: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat((tensor, tensor.new_zeros(shape)), dim=dim)

@@ -28,10 +28,10 @@ from dflash_trt.errors import DFlashError
 
 CHAIN = ChainVerify()
 
-# Plain steps (block size 1) still record the target's features for the drafter, and the next drafted step
-# takes them all in with its draft call. While the policy keeps decoding plain (a loaded server), most requests
-# finish before that: their features are never run through the drafter at all. Once this many context rows are
-# pending in a batch, the drafter takes them in anyway (one draft call), so the pending features stay bounded.
+# Plain steps (block size 1) still record the target's features for the drafter (by reference, batch.PendingFeatures),
+# and the next drafted step takes them all in first. While the policy keeps decoding plain (a loaded server), most
+# requests finish before that: their features are never run through the drafter at all. Once this many context rows
+# are pending in a batch, the drafter takes them in anyway (one draft call), so the pending features stay bounded.
 FEATURE_BACKLOG = 256
 
 
@@ -89,19 +89,20 @@ def draft_block(target: Target, drafter, batch: RunningBatch, block_size: int,
     if block_lens is None:
         block_lens = torch.full((len(batch),), block_size, dtype=torch.long, device=block.device)
     sampling = [(r.params.temperature, r.generator) for r in batch.requests]
-    proposal = acceptance.propose(drafter, target, block, batch.pending_feature_rows(), batch.ctx_lens,
-                                  batch.draft_cache, block_lens, sampling, top_k)
+    features, ctx_lens = batch.take_pending_features()
+    proposal = acceptance.propose(drafter, target, block, features, ctx_lens, batch.draft_cache, block_lens, sampling,
+                                  top_k)
     block[:, 1:] = proposal.drafts
     if not torch.equal(batch.draft_cache.lens, batch.next_pos):
         raise RuntimeError("draft cache out of step with the committed context")  # internal invariant
-    batch.features, batch.ctx_lens = batch.features[:, :0], torch.zeros_like(batch.ctx_lens)
     return block, proposal
 
 
 @torch.inference_mode()
 def absorb_context(target: Target, drafter, batch: RunningBatch) -> None:
-    """Let the drafter take in the pending context rows (a draft call whose drafts are not used)."""
-    draft_block(target, drafter, batch, 2)
+    """Let the drafter take in the pending context rows (a draft call whose drafts, if any, are not used: the anchor
+    alone where the drafter allows it, protocols.Drafter.absorb_block)."""
+    draft_block(target, drafter, batch, getattr(drafter, "absorb_block", 2))
 
 
 @torch.inference_mode()
@@ -135,8 +136,9 @@ def commit_block(target: Target, batch: RunningBatch, block: torch.Tensor, verif
         num_kept = int(num_accepted.max()) + 1
         features = verified.features if accepted.keep is None else torch.gather(
             verified.features, 1, accepted.keep[:, :, None].expand(-1, -1, verified.features.shape[2]))
-        batch.append_features(features[:, :num_kept], num_accepted + 1)
-        for row, (request, kept) in enumerate(zip(batch.requests, (num_accepted + 1).tolist())):
+        kept_counts = (num_accepted + 1).tolist()
+        batch.append_features(features[:, :num_kept], kept_counts)
+        for row, (request, kept) in enumerate(zip(batch.requests, kept_counts)):
             if request.history_features is not None:
                 request.history_features.append(features[row, :kept])
     batch.trim()

@@ -99,6 +99,8 @@ class DrafterBase(nn.Module):
     static_block_size = None
     # propose(..., top_k=K) gives each slot's top-K candidates (tree verification); a family may say no.
     proposes_top_k = True
+    # A draft call that only takes in context may pass the anchor alone (no drafts, no output head).
+    absorb_block = 1
 
     def __init__(self, config: DrafterConfig):
         super().__init__()

@@ -215,6 +215,7 @@ class GraphedDrafter:
     block width) on CUDA (module docstring). It implements protocols.Drafter."""
 
     static_block_size = None  # one graph per block width: any size drafts
+    absorb_block = 1  # the wrapped drafter takes in context with the anchor alone
     proposes_top_k = True  # the wrapped drafter's family ranks each slot's candidates from the graph's states
 
     def __init__(self, drafter, graphs: bool | None = None):
