@@ -142,11 +142,11 @@ def test_a_newcomers_first_step_takes_the_plan_of_the_batch_it_joins():
     policy = RecordingPolicy([StepPlan(1)])
     scheduler = Scheduler(target, drafter, 4, SchedulerLimits(max_batch_size=4), policy)
     scheduler.add_request([5, 6, 7], SamplingParams(max_new_tokens=20))
-    while scheduler.num_running < 1:
+    while scheduler.num_running < 1 or scheduler.fresh is not None:  # prefilled, then its first step
         scheduler.step()
     scheduler.step()
     scheduler.add_request([8, 9, 10, 11], SamplingParams(max_new_tokens=20))
-    while scheduler.num_running < 2:
+    while scheduler.num_running < 2 or scheduler.fresh is not None:
         scheduler.step()
     first_steps = [size for size, observed in policy.calls if not observed]
     assert first_steps == [1, 2]  # the first request alone, then the newcomer for the batch of two it joins
