@@ -202,16 +202,10 @@ def graphed_time_us(fn, calls: int = 20, replays: int = 10) -> float:
     draft steps as graphs, so this is the time a step pays; without CUDA, time_us."""
     if not torch.cuda.is_available():
         return time_us(fn)
+    from dflash_trt.decoding.model.graphs.capture import capture_graph
+
     fn()  # outside the capture: first-call set-up (shared-memory limits, workspace sizes)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph, _ = capture_graph(lambda: [fn() for _ in range(calls)], pool=None)
     return time_us(graph.replay, iterations=replays) / calls
 
 
