@@ -16,6 +16,8 @@
 // AVX512-VNNI code runs where the CPU has it; elsewhere a scalar path computes the same formula (in a different but
 // equally fixed order: results are reproducible on one machine, not bit-equal across the two paths).
 
+#include "cpu_kernels.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -398,9 +400,6 @@ at::Tensor rowwiseAttention(const at::Tensor& query, const at::Tensor& key, cons
     const bool* mp = visible.data_ptr<bool>();
     float* op = out.data_ptr<float>();
     const int64_t groups = heads / kvHeads, maskHeads = visible.size(1);
-#if DFLASH_X86
-    const bool wide = dim % 16 == 0 && dim <= 128 && cpuHasAvx512();
-#endif
     at::parallel_for(0, batch * heads * length, 8, [&](int64_t begin, int64_t end) {
         std::vector<float> scores(keys + 16);
         for (int64_t item = begin; item < end; ++item) {
@@ -410,15 +409,8 @@ at::Tensor rowwiseAttention(const at::Tensor& query, const at::Tensor& key, cons
             const bool* maskRow = mp + ((b * maskHeads + (maskHeads == 1 ? 0 : h)) * length + t) * keys;
             const float* qRow = qp + ((b * heads + h) * length + t) * dim;
             float* outRow = op + ((b * heads + h) * length + t) * dim;
-#if DFLASH_X86
-            if (wide) {
-                attendRowAvx512(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
-                                static_cast<float>(scale), scores.data(), outRow);
-                continue;
-            }
-#endif
-            attendRowScalar(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
-                            static_cast<float>(scale), scores.data(), outRow);
+            dflash_cpu::attendRow(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
+                                  static_cast<float>(scale), scores.data(), outRow);
         }
     });
     return out;
@@ -429,6 +421,28 @@ bool hasVnni() { return cpuHasVnni(); }
 void useVectorKernels(bool enabled) { vectorEnabled.store(enabled); }
 
 }  // namespace
+
+namespace dflash_cpu {
+
+at::Tensor blockMatmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& o,
+                       int64_t bits, int64_t n) {
+    return ::blockMatmul(x, codes, d, o, bits, n);
+}
+
+void attendRow(const float* q, const float* keys, int64_t keyStride, const float* values, int64_t valueStride,
+               const bool* mask, int64_t length, int64_t dim, float scale, float* scores, float* out) {
+#if DFLASH_X86
+    if (dim % 16 == 0 && dim <= 128 && cpuHasAvx512()) {
+        attendRowAvx512(q, keys, keyStride, values, valueStride, mask, length, dim, scale, scores, out);
+        return;
+    }
+#endif
+    attendRowScalar(q, keys, keyStride, values, valueStride, mask, length, dim, scale, scores, out);
+}
+
+bool vectorPathsOn() { return cpuHasAvx512(); }
+
+}  // namespace dflash_cpu
 
 TORCH_LIBRARY(dflash_cpu, m) {
     m.def("block_matmul(Tensor x, Tensor codes, Tensor d, Tensor o, int bits, int n) -> Tensor");
