@@ -19,6 +19,7 @@ from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear, QuantBlocks, interleave, reference_matmul
 from dflash_trt.decoding.kernels.rowwise_attention import rowwise_sdpa
+from dflash_trt.decoding.model.drafters.int8_weights import quantize_linear_layers
 from dflash_trt.decoding.model.gguf_weights import decode_blocks
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.sampling import SamplingParams
@@ -217,7 +218,9 @@ def test_quantized_dflash_greedy_equals_plain_decoding(quantized_setup, block_si
     oracle = OracleDrafter(tiny_drafter_config(model.config, block_size=block_size),
                            [p + r for p, r in zip(prompts, references)])
     oracle.load_state_dict(random.state_dict())
-    for name, drafter in (("random", random), ("oracle", oracle)):
+    int8 = make_tiny_drafter(model.config, block_size=block_size)
+    assert quantize_linear_layers(int8) > 0  # Q8_0 drafter layers (int8_weights.py): other drafts, same output
+    for name, drafter in (("random", random), ("oracle", oracle), ("int8", int8)):
         results = generate(_quantized_target(model), drafter, prompts, SamplingParams(max_new_tokens=23), block_size)
         for index, (result, reference) in enumerate(zip(results, references)):
             assert result.token_ids == reference, f"{name} drafter, block {block_size}, prompt {index}"
@@ -241,6 +244,7 @@ def test_the_demo_target_at_gguf_precision_is_lossless_with_its_drafter():
 
     from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
     from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.drafters.int8_weights import apply_drafter_weights
     from dflash_trt.decoding.model.target import load_target
 
     path = demo_target_path()
@@ -249,6 +253,7 @@ def test_the_demo_target_at_gguf_precision_is_lossless_with_its_drafter():
     target = load_target(path, weights="gguf")
     assert target.lean is not None  # its decoding steps run the native decoder (lean_llama.py)
     drafter = load_drafter(DEMO_DRAFTER)
+    assert apply_drafter_weights("auto", target, drafter)  # Q8_0 layers, as the commands run it
     with open(Path(__file__).resolve().parents[2] / "data/prompts/sharegpt-chat/heldout.jsonl") as handle:
         texts = [json.loads(line)["prompt"] for line, _ in zip(handle, range(3))]
     prompts = [list(target.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,

@@ -45,6 +45,8 @@ class TargetModel:
         # The native decoder forward (lean_llama.py) of a Llama target at its GGUF precision, which runs every
         # forward over a batch cache (decoding steps, verify forwards); set by use_lean_forward.
         self.lean = None
+        # "gguf" when the linear layers run at the GGUF's own precision (load_target), else "float".
+        self.weights = "float"
         register_grouped_sdpa()
 
     @property
@@ -239,6 +241,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
         pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
     target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
     if shipped:
+        target.weights = "gguf"
         target.use_rowwise_attention()
         target.use_lean_forward()  # a Llama target; any other keeps the model's forward
     target.use_bf16_draft_head()
