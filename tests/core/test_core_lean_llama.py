@@ -173,3 +173,20 @@ def test_the_demo_target_lean_forward_equals_transformers():
     reference, reference_cache = _steps(target, False, [0, 1], prompts)
     for ours, theirs in zip(lean + lean_cache, reference + reference_cache):
         assert torch.equal(ours, theirs)
+
+
+def test_native_argmax_equals_torchs():
+    """Greedy choices on CPU go through native.argmax where the kernels are loaded: the same index as torch's,
+    ties (the first), signed zeros, infinities and NaN (the first NaN) included."""
+    native.load()
+    generator = torch.Generator().manual_seed(5)
+    rows = torch.randn(6, 1000, generator=generator)
+    rows[1, 10] = rows[1, 900] = 50.0  # a tie: the first
+    rows[2] = 0.0
+    rows[2, 7] = -0.0
+    rows[3] = float("-inf")
+    rows[4, 3] = float("nan")
+    rows[4, 500] = float("inf")
+    rows[5, 999] = float("inf")
+    for x in (rows, rows[:, :17], rows.reshape(2, 3, 1000), torch.randn(3, 49152, generator=generator)):
+        assert torch.equal(native.argmax(x), torch.argmax(x, dim=-1))

@@ -95,6 +95,14 @@ def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return torch.ops.dflash_cpu.rowwise_attention(query, key, value, mask, scale)
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1), the same indices: through the native op (~10x faster) where the kernels are loaded
+    already (a target at its GGUF precision runs them) and x is float32 on CPU, else torch's own."""
+    if BLOCK_MATMUL is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[-1] > 0:
+        return torch.ops.dflash_cpu.argmax_rows(x)
+    return torch.argmax(x, dim=-1)
+
+
 def has_vnni() -> bool:
     """True where the int8 dot products run as AVX512-VNNI (else the scalar path)."""
     load()

@@ -430,6 +430,62 @@ at::Tensor rowwiseAttention(const at::Tensor& query, const at::Tensor& key, cons
     return out;
 }
 
+// ---- argmax of each row ----
+//
+// torch.argmax over the last axis of float32 rows, ~10x faster on CPU: a greedy choice over a 49152-token vocabulary
+// took ~26 us a row, 15 rows per DFlash step. The same index as torch's: the first maximum, or the first NaN in a
+// row that holds one (torch ranks NaN above every number).
+
+#if DFLASH_X86
+__attribute__((target("avx512f")))
+bool rowMaxAvx512(const float* x, int64_t n, float* best) {
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1u);
+        const __m512 v = _mm512_mask_loadu_ps(top, live, x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        top = _mm512_max_ps(top, v);
+    }
+    *best = _mm512_reduce_max_ps(top);
+    return nan == 0;
+}
+#endif
+
+at::Tensor argmaxRows(const at::Tensor& x) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "argmax_rows: float32 [..., n > 0]");
+    const at::Tensor rows = x.contiguous();
+    const int64_t n = x.size(-1), count = rows.numel() / n;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+    at::Tensor out = at::empty(shape, x.options().dtype(at::kLong));
+    const float* xp = rows.data_ptr<float>();
+    int64_t* op = out.data_ptr<int64_t>();
+    for (int64_t r = 0; r < count; ++r) {
+        const float* row = xp + r * n;
+        float best = -std::numeric_limits<float>::infinity();
+        bool finite = true;
+#if DFLASH_X86
+        if (cpuHasAvx512()) {
+            finite = rowMaxAvx512(row, n, &best);
+        } else
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) {
+                if (std::isnan(row[i])) finite = false;
+                best = std::max(best, row[i]);
+            }
+        }
+        int64_t index = 0;
+        if (finite) {
+            while (row[index] != best) ++index;  // the first maximum (-0.0 == 0.0, as torch's comparison has it)
+        } else {
+            while (!std::isnan(row[index])) ++index;
+        }
+        op[r] = index;
+    }
+    return out;
+}
+
 bool hasVnni() { return cpuHasVnni(); }
 
 void useVectorKernels(bool enabled) { vectorEnabled.store(enabled); }
@@ -461,6 +517,7 @@ bool vectorPathsOn() { return cpuHasAvx512(); }
 TORCH_LIBRARY(dflash_cpu, m) {
     m.def("block_matmul(Tensor x, Tensor codes, Tensor d, Tensor o, int bits, int n) -> Tensor");
     m.def("rowwise_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+    m.def("argmax_rows(Tensor x) -> Tensor");
     m.def("has_vnni() -> bool", hasVnni);
     m.def("use_vector_kernels(bool enabled) -> ()", useVectorKernels);
 }
@@ -468,5 +525,6 @@ TORCH_LIBRARY(dflash_cpu, m) {
 TORCH_LIBRARY_IMPL(dflash_cpu, CPU, m) {
     m.impl("block_matmul", blockMatmul);
     m.impl("rowwise_attention", rowwiseAttention);
+    m.impl("argmax_rows", argmaxRows);
 }
 
