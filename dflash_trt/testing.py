@@ -133,3 +133,23 @@ def make_tiny_drafter(target_config, directory: str | Path | None = None, seed: 
     if directory is not None:
         save_drafter(drafter, directory)
     return drafter
+
+
+def quantize_like_q4_1(model) -> int:
+    """Replace every bias-free linear layer of a tiny model by Q4_1 blocks (its output head by Q8_0), quantized by
+    ggml's own quantizer (the `gguf` package), as a GGUF target at its precision has them; returns how many."""
+    import gguf
+    from gguf import quants
+
+    from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear
+    from dflash_trt.decoding.model.gguf_weights import decode_blocks
+
+    count = 0
+    for owner in list(model.modules()):
+        for name, child in list(owner.named_children()):
+            if isinstance(child, torch.nn.Linear) and child.bias is None:
+                kind = "Q8_0" if child is model.get_output_embeddings() else "Q4_1"
+                raw = quants.quantize(child.weight.detach().numpy(), gguf.GGMLQuantizationType[kind])
+                setattr(owner, name, BlockQuantLinear(decode_blocks(raw, kind)))
+                count += 1
+    return count

@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
     from dflash_trt.decoding.kernels import native
     from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.drafters.int8_weights import apply_drafter_weights
     from dflash_trt.decoding.model.target import load_target
     from dflash_trt.decoding.model.tokens import encode_prompt
 
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     log("loading our target at GGUF precision and in float32, and the drafter")
     target = load_target(gguf, weights="gguf")
     drafter = load_drafter(DEMO_DRAFTER)
+    apply_drafter_weights("auto", target, drafter)  # Q8_0 blocks, as `dflash-trt bench` runs it
     texts = [record.prompt for record in load_prompts(args.prompts)[:args.limit]]
     prompts = [encode_prompt(target, text, chat=True) for text in texts]
     prompt_texts = [target.tokenizer.decode(p) for p in prompts]  # the same template, as text for llama.cpp

@@ -31,6 +31,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"),
                         help="the drafter's compute dtype (default: --dtype); drafts are only proposals, so this "
                              "changes acceptance and speed, never the output")
+    parser.add_argument("--drafter-weights", choices=("auto", "float", "q8_0"), default="auto",
+                        help="the torch drafter's linear layers: auto (default) = q8_0 beside a target at its GGUF "
+                             "precision (a float32 drafter on CPU), else float; q8_0 = int8 blocks (the target's "
+                             "block kernels); drafts are only proposals, so this never changes the output")
     parser.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
     parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                         help="drafter runtime: torch (default) or onnx (exported graph + plugin custom op)")
@@ -81,6 +85,7 @@ def load_pair(args):
     from transformers.utils import logging as hf_logging
 
     from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.drafters.int8_weights import apply_drafter_weights
     from dflash_trt.decoding.model.target import load_target
 
     hf_logging.disable_progress_bar()  # weight-loading bars are noise on a command line
@@ -94,6 +99,7 @@ def load_pair(args):
     else:
         drafter_dtype = getattr(torch, getattr(args, "drafter_dtype", None) or args.dtype)
         drafter = load_drafter(args.drafter, dtype=drafter_dtype) if args.drafter else None
+        apply_drafter_weights(getattr(args, "drafter_weights", "auto"), target, drafter)
     if drafter is not None:
         target.check_drafter(drafter.config)
     if args.block_size is not None and args.block_size > 1 and drafter is None:

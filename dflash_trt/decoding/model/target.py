@@ -42,6 +42,11 @@ class TargetModel:
         # The attention every forward runs, when not the model's own: ROWWISE (batch-invariant) for a target at
         # its GGUF precision, set by load_target.
         self.attention_override: str | None = None
+        # The native decoder forward (lean_llama.py) of a Llama target at its GGUF precision, which runs every
+        # forward over a batch cache (decoding steps, verify forwards); set by use_lean_forward.
+        self.lean = None
+        # "gguf" when the linear layers run at the GGUF's own precision (load_target), else "float".
+        self.weights = "float"
         register_grouped_sdpa()
 
     @property
@@ -100,6 +105,14 @@ class TargetModel:
         register_rowwise_attention()
         self.attention_override = ROWWISE
 
+    def use_lean_forward(self) -> str:
+        """Run the forwards over a batch cache through lean_llama.LeanLlama (the same logits, bit for bit, without
+        transformers' per-layer Python) where it applies; returns "" then, else why not (the model's forward runs)."""
+        from dflash_trt.decoding.model.lean_llama import LeanLlama
+
+        self.lean, reason = LeanLlama.build(self.model)
+        return reason
+
     def new_cache(self):
         # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill uses
         # it (the model builds its masks from a 2D padding mask), then batch_cache takes it over.
@@ -136,6 +149,9 @@ class TargetModel:
         """The model's forward as `forward` runs it: logits in the model's dtype, and the features. With explicit
         masks and a batch cache it reads nothing on the host, so a CUDA graph can capture it (graphs/verifier.py).
         """
+        if (self.lean is not None and isinstance(cache, BatchKVCache) and not cache.static_shapes
+                and isinstance(attention_mask, torch.Tensor)):
+            return self.lean.forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids, last_only)
         captured: dict[int, torch.Tensor] = {}
         hooks = [self.layers[i].register_forward_hook(_capture(captured, i)) for i in feature_layer_ids]
         # Over a batch cache, sdpa runs as grouped_sdpa (kv_cache.py), for this forward only; a GGUF-precision
@@ -225,7 +241,9 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32,
         pack_linear_layers(model)  # CPU float32: weights packed once for multi-row (verify) matmuls
     target = TargetModel(model, tokenizer=load_tokenizer(path), source=str(path))
     if shipped:
+        target.weights = "gguf"
         target.use_rowwise_attention()
+        target.use_lean_forward()  # a Llama target; any other keeps the model's forward
     target.use_bf16_draft_head()
     return target
 

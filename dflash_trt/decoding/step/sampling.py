@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.step.sampling_rules import sampling_problem
 from dflash_trt.errors import DFlashError
 
@@ -104,7 +105,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Token choice per row of logits [N, V] -> [N]: argmax when greedy, else a sample."""
     if params.is_greedy:
-        return torch.argmax(logits, dim=-1)
+        return native.argmax(logits)
     probs = probabilities(logits, params)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
@@ -144,7 +145,7 @@ def choose_keyed(logits: torch.Tensor, params: SamplingParams, seed: int, first_
     Greedy: argmax. Sampled: the inverse CDF of the filtered distribution at that index's keyed uniform.
     """
     if params.is_greedy:
-        return torch.argmax(logits, dim=-1)
+        return native.argmax(logits)
     probs = probabilities(logits, params)
     cdf = torch.cumsum(probs, dim=-1)
     uniforms = torch.tensor(keyed_uniforms(seed, first_index, logits.shape[0]), dtype=cdf.dtype, device=cdf.device)

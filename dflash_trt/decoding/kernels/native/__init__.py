@@ -1,5 +1,6 @@
-"""Build and load the batch-invariant CPU kernels (cpu_kernels.cpp): torch.ops.dflash_cpu.block_matmul and
-torch.ops.dflash_cpu.rowwise_attention.
+"""Build and load the batch-invariant CPU kernels: torch.ops.dflash_cpu.block_matmul and
+torch.ops.dflash_cpu.rowwise_attention (cpu_kernels.cpp), and torch.ops.dflash_cpu.llama_decoder, a Llama target's
+decoder layers in one call (llama_decoder.cpp).
 
 The library is compiled once per (source, torch version) with the C++ compiler and torch's own include and library
 paths, into plugins/build/cpu_ext/<hash>/ under a file lock (parallel callers wait for one another); it takes
@@ -21,7 +22,8 @@ import torch
 from dflash_trt.decoding.kernels.plugin.build import DEFAULT_BUILD_DIR
 from dflash_trt.errors import ConfigError
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "llama_decoder.cpp"))
+HEADERS = (Path(__file__).with_name("cpu_kernels.h"),)
 LIBRARY_NAME = "libdflash_cpu_kernels.so"
 # The C++ compiler to use (default: $CXX, else g++).
 COMPILER_ENV = "CXX"
@@ -36,8 +38,9 @@ def compile_command(compiler: str, out: Path) -> list[str]:
     from torch.utils import cpp_extension
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [compiler, "-std=c++20", "-O3", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *(f"-I{d}" for d in cpp_extension.include_paths()), str(SOURCE),
+    # -ffp-contract=off: a product and a sum are never fused into one rounding (the ops reproduce torch's bits).
+    return [compiler, "-std=c++20", "-O3", "-ffp-contract=off", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{d}" for d in cpp_extension.include_paths()), *map(str, SOURCES),
             *(f"-L{d}" for d in cpp_extension.library_paths()),
             *(f"-Wl,-rpath,{d}" for d in cpp_extension.library_paths()),
             "-lc10", "-ltorch_cpu", "-ltorch", "-o", str(out)]
@@ -45,7 +48,8 @@ def compile_command(compiler: str, out: Path) -> list[str]:
 
 def _source_hash() -> str:
     digest = hashlib.sha256(f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
-    digest.update(SOURCE.read_bytes())
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -67,7 +71,8 @@ def build_library(build_root: Path = DEFAULT_BUILD_DIR) -> Path:
             proc = subprocess.run(compile_command(compiler, tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
             if proc.returncode != 0:
-                raise NativeKernelsUnavailable(f"building {SOURCE.name} failed:\n{proc.stdout[-3000:]}")
+                names = ", ".join(path.name for path in SOURCES)
+                raise NativeKernelsUnavailable(f"building {names} failed:\n{proc.stdout[-3000:]}")
             tmp.rename(out)
     return out
 
@@ -88,6 +93,14 @@ def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       scale: float) -> torch.Tensor:
     load()
     return torch.ops.dflash_cpu.rowwise_attention(query, key, value, mask, scale)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1), the same indices: through the native op (~10x faster) where the kernels are loaded
+    already (a target at its GGUF precision runs them) and x is float32 on CPU, else torch's own."""
+    if BLOCK_MATMUL is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[-1] > 0:
+        return torch.ops.dflash_cpu.argmax_rows(x)
+    return torch.argmax(x, dim=-1)
 
 
 def has_vnni() -> bool:

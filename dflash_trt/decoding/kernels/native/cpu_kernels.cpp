@@ -16,6 +16,8 @@
 // AVX512-VNNI code runs where the CPU has it; elsewhere a scalar path computes the same formula (in a different but
 // equally fixed order: results are reproducible on one machine, not bit-equal across the two paths).
 
+#include "cpu_kernels.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -182,6 +184,9 @@ void blockGroupScalar(const BlockWeight& w, int64_t g, const QuantizedRows& a, i
 }
 
 #if DFLASH_X86
+// How many groups of 16 output rows ahead the kernel fetches weights.
+constexpr int64_t kPrefetchGroups = 2;
+
 // `Tile` activation rows against one group of 16 weight rows: each unpacked weight block is reused from registers.
 template <int Tile>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma"), always_inline))
@@ -190,8 +195,19 @@ inline void blockTileVnni(const BlockWeight& w, int64_t g, const QuantizedRows& 
     const __m512i lowNibbles = _mm512_set1_epi8(0x0F);
     __m512 acc[Tile];
     for (int r = 0; r < Tile; ++r) acc[r] = _mm512_setzero_ps();
+    // The first tile of a group fetches the same block of the group kPrefetchGroups ahead into the cache: with
+    // several rows the kernel computes long enough per group for the weights to stream in meanwhile, instead of
+    // the compute and the memory reads taking turns (a verify forward reads ~100 MB of weights).
+    const bool prefetch = m0 == 0 && g + kPrefetchGroups < w.groups;
     for (int64_t b = 0; b < w.blocks; ++b) {
         const uint8_t* block = w.codes + (g * w.blocks + b) * w.blockBytes();
+        if (prefetch) {
+            const int64_t ahead = ((g + kPrefetchGroups) * w.blocks + b);
+            const char* codes = reinterpret_cast<const char*>(w.codes + ahead * w.blockBytes());
+            for (int64_t line = 0; line < w.blockBytes(); line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w.d + ahead * kLanes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(w.o + ahead * kLanes), _MM_HINT_T0);
+        }
         __m512i wv[8];
         if (w.bits == 4) {
             for (int v = 0; v < 4; ++v) {
@@ -398,9 +414,6 @@ at::Tensor rowwiseAttention(const at::Tensor& query, const at::Tensor& key, cons
     const bool* mp = visible.data_ptr<bool>();
     float* op = out.data_ptr<float>();
     const int64_t groups = heads / kvHeads, maskHeads = visible.size(1);
-#if DFLASH_X86
-    const bool wide = dim % 16 == 0 && dim <= 128 && cpuHasAvx512();
-#endif
     at::parallel_for(0, batch * heads * length, 8, [&](int64_t begin, int64_t end) {
         std::vector<float> scores(keys + 16);
         for (int64_t item = begin; item < end; ++item) {
@@ -410,17 +423,66 @@ at::Tensor rowwiseAttention(const at::Tensor& query, const at::Tensor& key, cons
             const bool* maskRow = mp + ((b * maskHeads + (maskHeads == 1 ? 0 : h)) * length + t) * keys;
             const float* qRow = qp + ((b * heads + h) * length + t) * dim;
             float* outRow = op + ((b * heads + h) * length + t) * dim;
-#if DFLASH_X86
-            if (wide) {
-                attendRowAvx512(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
-                                static_cast<float>(scale), scores.data(), outRow);
-                continue;
-            }
-#endif
-            attendRowScalar(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
-                            static_cast<float>(scale), scores.data(), outRow);
+            dflash_cpu::attendRow(qRow, keyRow, k.stride(2), valueRow, v.stride(2), maskRow, keys, dim,
+                                  static_cast<float>(scale), scores.data(), outRow);
         }
     });
+    return out;
+}
+
+// ---- argmax of each row ----
+//
+// torch.argmax over the last axis of float32 rows, ~10x faster on CPU: a greedy choice over a 49152-token vocabulary
+// took ~26 us a row, 15 rows per DFlash step. The same index as torch's: the first maximum, or the first NaN in a
+// row that holds one (torch ranks NaN above every number).
+
+#if DFLASH_X86
+__attribute__((target("avx512f")))
+bool rowMaxAvx512(const float* x, int64_t n, float* best) {
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1u);
+        const __m512 v = _mm512_mask_loadu_ps(top, live, x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        top = _mm512_max_ps(top, v);
+    }
+    *best = _mm512_reduce_max_ps(top);
+    return nan == 0;
+}
+#endif
+
+at::Tensor argmaxRows(const at::Tensor& x) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "argmax_rows: float32 [..., n > 0]");
+    const at::Tensor rows = x.contiguous();
+    const int64_t n = x.size(-1), count = rows.numel() / n;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+    at::Tensor out = at::empty(shape, x.options().dtype(at::kLong));
+    const float* xp = rows.data_ptr<float>();
+    int64_t* op = out.data_ptr<int64_t>();
+    for (int64_t r = 0; r < count; ++r) {
+        const float* row = xp + r * n;
+        float best = -std::numeric_limits<float>::infinity();
+        bool finite = true;
+#if DFLASH_X86
+        if (cpuHasAvx512()) {
+            finite = rowMaxAvx512(row, n, &best);
+        } else
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) {
+                if (std::isnan(row[i])) finite = false;
+                best = std::max(best, row[i]);
+            }
+        }
+        int64_t index = 0;
+        if (finite) {
+            while (row[index] != best) ++index;  // the first maximum (-0.0 == 0.0, as torch's comparison has it)
+        } else {
+            while (!std::isnan(row[index])) ++index;
+        }
+        op[r] = index;
+    }
     return out;
 }
 
@@ -430,9 +492,32 @@ void useVectorKernels(bool enabled) { vectorEnabled.store(enabled); }
 
 }  // namespace
 
+namespace dflash_cpu {
+
+at::Tensor blockMatmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& o,
+                       int64_t bits, int64_t n) {
+    return ::blockMatmul(x, codes, d, o, bits, n);
+}
+
+void attendRow(const float* q, const float* keys, int64_t keyStride, const float* values, int64_t valueStride,
+               const bool* mask, int64_t length, int64_t dim, float scale, float* scores, float* out) {
+#if DFLASH_X86
+    if (dim % 16 == 0 && dim <= 128 && cpuHasAvx512()) {
+        attendRowAvx512(q, keys, keyStride, values, valueStride, mask, length, dim, scale, scores, out);
+        return;
+    }
+#endif
+    attendRowScalar(q, keys, keyStride, values, valueStride, mask, length, dim, scale, scores, out);
+}
+
+bool vectorPathsOn() { return cpuHasAvx512(); }
+
+}  // namespace dflash_cpu
+
 TORCH_LIBRARY(dflash_cpu, m) {
     m.def("block_matmul(Tensor x, Tensor codes, Tensor d, Tensor o, int bits, int n) -> Tensor");
     m.def("rowwise_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+    m.def("argmax_rows(Tensor x) -> Tensor");
     m.def("has_vnni() -> bool", hasVnni);
     m.def("use_vector_kernels(bool enabled) -> ()", useVectorKernels);
 }
@@ -440,5 +525,6 @@ TORCH_LIBRARY(dflash_cpu, m) {
 TORCH_LIBRARY_IMPL(dflash_cpu, CPU, m) {
     m.impl("block_matmul", blockMatmul);
     m.impl("rowwise_attention", rowwiseAttention);
+    m.impl("argmax_rows", argmaxRows);
 }
 

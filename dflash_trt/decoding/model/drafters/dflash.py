@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.model.config import DrafterConfig
 from dflash_trt.decoding.model.drafters.base import (MLP, DraftAttention, DrafterBase, RMSNorm, global_shapes,
                                                      layer_shapes, ranked_top_k)
@@ -41,7 +42,7 @@ class DFlashDrafter(DrafterBase):
     def choose_drafts(self, target, hidden, anchors, sampling, block_lens, top_k: int = 0) -> Proposal:
         # A one-hot draft: verification accepts on exact match with the target's own choice (lossless).
         logits = self.draft_logits(target, hidden)
-        drafts = torch.argmax(logits, dim=-1)
+        drafts = native.argmax(logits)
         if top_k <= 0:
             return Proposal(drafts)
         # A tree: each slot's marginal top-K (slot j does not see slot j-1's pick, so one ranking per slot). Ranked
