@@ -337,10 +337,7 @@ class Scheduler:
         # request's time to first token is its prefill's, not its prefill's plus a draft and a verify. Groups
         # prefilled in the same step take that first step together.
         if batch.requests:
-            if self.fresh is None:
-                self.fresh = batch
-            else:
-                self.fresh.merge(batch)
+            self.fresh = _joined(self.fresh, batch)
         return outputs
 
     def _first_step(self) -> list[StepOutput]:
@@ -358,11 +355,16 @@ class Scheduler:
             self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:
-            if self.running is None:
-                self.running = batch
-            else:
-                self.running.merge(batch)
+            self.running = _joined(self.running, batch)
         return outputs
+
+
+def _joined(batch: RunningBatch | None, newcomers: RunningBatch) -> RunningBatch:
+    """`batch` with the rows of `newcomers` appended (the newcomers alone when there is no batch)."""
+    if batch is None:
+        return newcomers
+    batch.merge(newcomers)
+    return batch
 
 
 def _tree_cap(method: VerifyMethod) -> int:

@@ -15,7 +15,6 @@ drafter).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -37,7 +36,7 @@ def quantize_linear_layers(module: nn.Module) -> int:
     for owner in list(module.modules()):
         for name, child in list(owner.named_children()):
             if isinstance(child, nn.Linear) and child.bias is None and child.in_features % GROUP == 0:
-                weight = child.weight.detach().float().cpu().numpy().astype(np.float32)
+                weight = child.weight.detach().float().cpu().numpy()
                 raw = quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0)
                 setattr(owner, name, BlockQuantLinear(decode_blocks(raw, "Q8_0")))
                 count += 1
