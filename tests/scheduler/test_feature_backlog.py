@@ -43,17 +43,23 @@ def _count_draft_calls(drafter):
     return calls
 
 
-def test_plain_steps_defer_the_drafter_and_the_next_draft_catches_up():
+def _ten_plain_steps_then_chains():
+    """Two prompts (5 and 9 tokens) decoded with ten plain steps (the group's first step included), then chains
+    of 4: (their tokens, plain decoding's, the draft calls' widths, the policy)."""
     model = make_tiny_target("llama", seed=1)
     target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
     prompts = [list(range(3, 3 + n)) for n in (5, 9)]
     params = SamplingParams(max_new_tokens=24)
     plain = [r.token_ids for r in generate(target, None, prompts, params)]
     calls = _count_draft_calls(drafter)
-    # Ten plain steps (the first step of the group included), then chains of 4.
     policy = ScriptedPolicy([StepPlan(1)] * 10 + [StepPlan(4)])
-    results = generate(target, drafter, prompts, params, 4, policy=policy)
-    assert [r.token_ids for r in results] == plain
+    tokens = [r.token_ids for r in generate(target, drafter, prompts, params, 4, policy=policy)]
+    return tokens, plain, calls, policy
+
+
+def test_plain_steps_defer_the_drafter_and_the_next_draft_catches_up():
+    tokens, plain, calls, _ = _ten_plain_steps_then_chains()
+    assert tokens == plain
     # No draft call during the plain steps; the first draft takes in the prompt and ten steps' features at once.
     assert calls[0] >= 9 + 10 and len(calls) >= 2
     assert all(width <= 4 for width in calls[1:])  # then only each step's accepted tokens
@@ -110,14 +116,8 @@ def test_pending_features_of_one_step_are_handed_over_without_a_copy():
 def test_a_drafted_step_after_plain_steps_first_catches_the_drafter_up_and_reports_it():
     """The backlog plain steps left is taken in by a draft call of its own, timed apart from the drafted step, and
     reported to the policy (which charges it to drafting after plain steps, not to the drafted step's cost)."""
-    model = make_tiny_target("llama", seed=1)
-    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
-    prompts = [list(range(3, 3 + n)) for n in (5, 9)]
-    params = SamplingParams(max_new_tokens=24)
-    plain = [r.token_ids for r in generate(target, None, prompts, params)]
-    calls = _count_draft_calls(drafter)
-    policy = ScriptedPolicy([StepPlan(1)] * 10 + [StepPlan(4)])
-    assert [r.token_ids for r in generate(target, drafter, prompts, params, 4, policy=policy)] == plain
+    tokens, plain, calls, policy = _ten_plain_steps_then_chains()
+    assert tokens == plain
     # Two rows x the longest backlog: the 9-token prompt and ten plain steps' tokens; one catch-up only, since
     # the drafted steps that follow leave at most a block pending.
     assert policy.catch_ups == [2 * (9 + 10)]
