@@ -1,12 +1,13 @@
 """Plain steps of a DFlash scheduler leave the drafter alone: the target features they record wait for the next
-drafted step (or for the backlog bound), so a loaded server that decodes plain does not pay for the drafter."""
+drafted step (or for the scheduler's bound on them, SchedulerLimits.max_pending_features), so a loaded server that
+decodes plain does not pay for the drafter."""
 
 import torch
 
 from dflash_trt.decoding.api import generate
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.scheduler.block_policy import StepPlan
-from dflash_trt.decoding.step import step as step_module
+from dflash_trt.decoding.scheduler.scheduler import SchedulerLimits
 from dflash_trt.decoding.step.batch import PendingFeatures
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.testing import make_tiny_drafter, make_tiny_target
@@ -65,16 +66,53 @@ def test_plain_steps_defer_the_drafter_and_the_next_draft_catches_up():
     assert all(width <= 4 for width in calls[1:])  # then only each step's accepted tokens
 
 
-def test_a_backlog_beyond_the_bound_is_taken_in_while_decoding_plain(monkeypatch):
-    monkeypatch.setattr(step_module, "FEATURE_BACKLOG", 8)
+def _plain_run(limits, prompts=([5, 6, 7],), max_new_tokens=30):
+    """Prompts decoded with plain steps only by a DFlash scheduler under `limits`: (results, plain decoding's tokens,
+    the draft calls' widths, the policy)."""
+    from dflash_trt.decoding.scheduler.scheduler import Scheduler
+
     model = make_tiny_target("llama", seed=1)
     target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
-    calls = _count_draft_calls(drafter)
-    plain = generate(target, None, [[5, 6, 7]], SamplingParams(max_new_tokens=30))[0].token_ids
-    result = generate(target, drafter, [[5, 6, 7]], SamplingParams(max_new_tokens=30), 4,
-                      policy=ScriptedPolicy([StepPlan(1)]))[0]
-    assert result.token_ids == plain and result.tau == 1.0
-    assert calls and max(calls) <= 8 + 1  # absorbed each time the backlog reached the bound
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    plain = [r.token_ids for r in generate(target, None, [list(p) for p in prompts], params)]
+    calls, policy = _count_draft_calls(drafter), ScriptedPolicy([StepPlan(1)])
+    scheduler = Scheduler(target, drafter, 4, limits, policy)
+    for prompt in prompts:
+        scheduler.add_request(list(prompt), params)
+    results = {}
+    while scheduler.has_unfinished:
+        for out in scheduler.step():
+            if out.is_final:
+                results[out.index] = out.result
+    return [results[i] for i in sorted(results)], plain, calls, policy
+
+
+def test_a_backlog_beyond_the_bound_is_taken_in_while_decoding_plain():
+    results, plain, calls, policy = _plain_run(SchedulerLimits(max_pending_features=8))
+    assert [r.token_ids for r in results] == plain and results[0].tau == 1.0
+    # Taken in each time the backlog passed the bound (one row: 9 context rows), reported to the policy as catch-ups.
+    assert len(calls) >= 3 and max(calls) == 9
+    assert policy.catch_ups and all(rows == 9 for rows in policy.catch_ups)
+
+
+def test_below_the_bound_plain_decoding_never_calls_the_drafter():
+    """A loaded server decodes plain: rows that finish before drafting resumes never pay for the drafter."""
+    results, plain, calls, policy = _plain_run(SchedulerLimits(), prompts=([5, 6, 7], [8, 9, 10, 11, 12]))
+    assert [r.token_ids for r in results] == plain
+    assert calls == [] and policy.catch_ups == []
+
+
+def test_a_long_prompt_is_taken_in_alone_when_joining_would_pass_the_bound():
+    """A newcomer whose prompt would pad every row of the joined batch past the bound is taken in by its own group
+    (rows x its prompt), not by a catch-up of the joined batch (every row padded to its prompt)."""
+    long_prompt = list(range(3, 3 + 20))
+    results, plain, calls, policy = _plain_run(SchedulerLimits(max_pending_features=30),
+                                               prompts=([5, 6, 7], long_prompt), max_new_tokens=6)
+    assert [r.token_ids for r in results] == plain
+    # Both prompts are prefilled as one group and take their first step together: 2 rows x 21 context rows > 30, so
+    # the group takes them in at its first step (a draft call 21 wide), before it is the running batch.
+    assert calls and calls[0] == len(long_prompt) + 1
+    assert all(rows <= 30 for rows in policy.catch_ups)
 
 
 def test_pending_features_equal_concatenated_rows_through_appends_reorders_and_merges():

@@ -14,9 +14,12 @@ then the prefill of waiting requests computes at most `prefill_chunk_tokens` tok
 with budget left lets the next one start), so a long prompt stalls the running streams by a bounded amount per
 step. A prefilled group's first tokens are returned by the step that finishes its prefill; the next step gives the
 group its first decoding step on its own (so the drafter takes in its prompt without widening the whole batch),
-and then it joins the running batch. Requests are admitted in arrival order while the batch has fewer than
-`max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays within
-`max_kv_tokens`, which bounds the KV cache of target and drafter under any load. With a prefix cache
+and then it joins the running batch. Plain steps leave the drafter alone: the target features they record wait, by
+reference, for the next drafted step, which first catches the drafter up (timed apart, for the policy); only past
+`max_pending_features` context rows does the drafter take them in while the batch decodes plain, so rows that finish
+while a loaded server decodes plain never pay for the drafter. Requests are admitted in arrival order while the
+batch has fewer than `max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays
+within `max_kv_tokens`, which bounds the KV cache of target and drafter under any load. With a prefix cache
 (prefix_cache.py), a prompt that starts with cached blocks is prefilled alone from the end of its hit, and every
 finished prefill stores its prompts' blocks.
 
@@ -40,7 +43,7 @@ from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
 from dflash_trt.decoding.step.batch import Request, RunningBatch
 from dflash_trt.decoding.step.results import StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.decoding.step.step import FEATURE_BACKLOG, absorb_context, decode_step, resolve_block_size
+from dflash_trt.decoding.step.step import absorb_context, decode_step, resolve_block_size
 from dflash_trt.decoding.step.verify import ChainVerify, TreeVerify, VerifyMethod
 from dflash_trt.errors import DFlashError
 
@@ -59,16 +62,20 @@ def allowed_block_sizes(drafter, max_block_size: int) -> list[int]:
 @dataclass(frozen=True)
 class SchedulerLimits:
     """max_batch_size: rows decoding together; max_kv_tokens: bound on rows x longest reservation (None:
-    unbounded); prefill_chunk_tokens: prompt tokens prefilled per step (None: a whole group at once)."""
+    unbounded); prefill_chunk_tokens: prompt tokens prefilled per step (None: a whole group at once);
+    max_pending_features: bound on the target features a batch keeps for the drafter while it decodes plain, in
+    context rows as a catch-up computes them (rows x the longest backlog; None: unbounded). Past it the drafter takes
+    them in while decoding plain; below it they wait, and cost nothing if the rows finish first (module docstring)."""
 
     max_batch_size: int = 16
     max_kv_tokens: int | None = 65536
     prefill_chunk_tokens: int | None = 512
+    max_pending_features: int | None = 16384
 
     def __post_init__(self):
         if self.max_batch_size < 1:
             raise DFlashError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        for name in ("max_kv_tokens", "prefill_chunk_tokens"):
+        for name in ("max_kv_tokens", "prefill_chunk_tokens", "max_pending_features"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise DFlashError(f"{name} must be >= 1, got {value}")
@@ -216,9 +223,11 @@ class Scheduler:
             plan = plan.with_block_size(max(1, min(plan.block_size, max(r.remaining for r in batch.requests) + 1)))
         elif plan.block_size not in self.block_sizes:
             plan = plan.with_block_size(self.max_block_size)
-        if plan.block_size > 1 and not first and self._backlog(batch):
+        if not first and (self._over_feature_bound(batch.pending_context_rows) if plan.block_size == 1
+                          else self._backlog(batch)):
             # The drafter first takes in what plain steps left pending, timed on its own: the policy charges it to
-            # drafting after plain steps (and to the exploration that caused it), not to the drafted step.
+            # drafting after plain steps (and to the exploration that caused it), not to the drafted step. Decoding
+            # plain, only a backlog past the bound is taken in.
             rows, start = batch.pending_context_rows, time.perf_counter()
             absorb_context(self.target, self.drafter, batch)
             self.policy.observe_catch_up(rows, time.perf_counter() - start)
@@ -235,6 +244,11 @@ class Scheduler:
         if self.drafter is None or batch.pending_features <= 2 * self.max_block_size:
             return 0
         return batch.pending_context_rows
+
+    def _over_feature_bound(self, context_rows: int) -> bool:
+        """Whether `context_rows` pending (a catch-up's rows x longest backlog) exceed limits.max_pending_features."""
+        bound = self.limits.max_pending_features
+        return self.drafter is not None and bound is not None and context_rows > bound
 
     def _leave(self) -> None:
         if self.running is not None:
@@ -342,15 +356,19 @@ class Scheduler:
 
     def _first_step(self) -> list[StepOutput]:
         """The prefilled group's first decoding step, then it joins the running batch. The step runs on the group
-        alone: a drafted one takes in the whole prompt while the group is alone; a plain one leaves it pending
-        (absorbed here if long, so that the merged batch is not padded to it). It is not a typical step, so the
-        policy does not learn its cost."""
+        alone: a drafted one takes in the whole prompt while the group is alone; a plain one leaves it pending, unless
+        the joined batch's backlog would then pass the bound (a long prompt: a catch-up would pad every row to it), in
+        which case the group takes it in now, alone. It is not a typical step, so the policy does not learn its
+        cost."""
         batch, self.fresh = self.fresh, None
         batch.drop_finished()  # aborted since its prefill
         outputs = []
         if batch.requests:
             outputs += self._decode(batch, first=True)
-            if self.drafter is not None and batch.pending_features >= FEATURE_BACKLOG:
+            running = self.running if self.running is not None and self.running.requests else None
+            joined_rows = len(batch) + (len(running) if running else 0)
+            joined_width = max(batch.pending_features, running.pending_features if running else 0)
+            if batch.pending_features and self._over_feature_bound(joined_rows * joined_width):
                 absorb_context(self.target, self.drafter, batch)
             self._store_answers(batch)
             batch.drop_finished()

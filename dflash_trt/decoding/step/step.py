@@ -28,13 +28,6 @@ from dflash_trt.errors import DFlashError
 
 CHAIN = ChainVerify()
 
-# Plain steps (block size 1) still record the target's features for the drafter (by reference, batch.PendingFeatures),
-# and the next drafted step takes them all in first. While the policy keeps decoding plain (a loaded server), most
-# requests finish before that: their features are never run through the drafter at all. Once this many context rows
-# are pending in a batch, the drafter takes them in anyway (one draft call), so the pending features stay bounded.
-FEATURE_BACKLOG = 256
-
-
 @dataclass
 class Verified:
     """What one verify forward decided (the method's Accepted), with the layout and the block's features."""
@@ -65,10 +58,8 @@ def decode_step(target: Target, drafter, batch: RunningBatch, block_size: int, l
     proposal = None
     if drafted:
         block, proposal = draft_block(target, drafter, batch, width, block_lens, method.draft_top_k)
-    else:
+    else:  # plain: the step's features wait for the drafter (batch.PendingFeatures; the scheduler bounds them)
         block = batch.last_token[:, None].clone()
-        if drafter is not None and batch.pending_features >= FEATURE_BACKLOG:
-            absorb_context(target, drafter, batch)
     now = time.perf_counter()
     for request in batch.requests:  # decode-phase timing starts after the first draft call, as in the paper
         request.decode_start = request.decode_start or now
