@@ -1,7 +1,12 @@
 """Serving load test: the same engine served twice through the real Triton ensemble, once with DFlash
-(the engine's block size, adaptive per step: plain, a chain, or a tree up to config.tree_budget nodes) and once with plain decoding (repository block_size 1),
-both batched in flight, one server at a time, with the same repository settings and the same requests.
-Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
+(the engine's block size, adaptive per step: plain, a chain, or a tree up to config.tree_budget nodes) and once with
+plain decoding (repository block_size 1), both batched in flight, with the same repository settings and the same
+requests. Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
+
+The servers are up together and only one is loaded at a time: each concurrency level is measured in two halves per
+server, in mirrored order (DFlash, plain, plain, DFlash; the next level starts with plain), so that a drift of a
+shared machine's load falls on every mode alike instead of on whichever ran last. An idle server waits on a
+condition and takes no CPU.
 
 Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
 level at which every request still got at least min_user_tokens_per_s tok/s of its own.
@@ -9,12 +14,13 @@ level at which every request still got at least min_user_tokens_per_s tok/s of i
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from dflash_trt.benchmarks.config import BenchConfig
-from dflash_trt.benchmarks.loadgen import run_level
+from dflash_trt.benchmarks.loadgen import LoadLevel, run_level
 
 # Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
 MODES = {"dflash": (0, 0), "plain": (1, 0)}
@@ -25,12 +31,12 @@ WARMUP_TOKENS = 8
 def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], None] = print) -> dict:
     """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio},
     "goodput": {"min_user_tokens_per_s": X, mode: {"level", "output_tokens_per_s"} or None, "ratio"}}."""
-    results: dict = {}
     modes = {**MODES, **(SEQUENTIAL if config.sequential_baseline else {})}
-    with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch:
-        for mode, (block_size, max_batch) in modes.items():
-            repo = _render(config, Path(scratch) / mode, block_size, max_batch)
-            results[mode] = _serve_and_load(config, repo, mode, prompts, log)
+    with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch, contextlib.ExitStack() as servers:
+        served = {mode: servers.enter_context(_serve(config, _render(config, Path(scratch) / mode, block_size,
+                                                                     max_batch), mode, prompts, log))
+                  for mode, (block_size, max_batch) in modes.items()}
+        results = _load_interleaved(config, served, prompts, log)
     results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
                           for level in results["dflash"]}
     goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
@@ -63,31 +69,50 @@ def _render(config: BenchConfig, out: Path, block_size: int, max_batch: int) -> 
         tree_budget=config.tree_budget if block_size != 1 else 0, **batch))
 
 
-def _serve_and_load(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log) -> dict:
+@contextlib.contextmanager
+def _serve(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log):
+    """A ready, warmed-up tritonserver for `repo` (log: <out>/logs/triton-<mode>.log)."""
     from dflash_trt.serving.client import GrpcStream
-    from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
     from dflash_trt.serving.server import serve_on_free_ports
 
     log_path = Path(config.out) / "logs" / f"triton-{mode}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
     log(f"serving {mode}: starting tritonserver (log: {log_path})")
-    levels = {}
     with serve_on_free_ports(repo, ready_timeout_s=config.ready_timeout_s, log_path=log_path) as server:
-        def open_stream():
-            return GrpcStream(server.config.grpc_url)
+        _warm_up(GrpcStream(server.config.grpc_url), prompts[0], config.request_timeout_s)
+        yield server
 
-        _warm_up(open_stream(), prompts[0], config.request_timeout_s)
-        for level in config.concurrency:
-            before = scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS)
-            result = run_level(open_stream, prompts, level, config.duration_s, config.max_new_tokens,
-                               config.request_timeout_s, temperature=0.0).summary()
+
+def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log) -> dict:
+    """{mode: {level: summary}}: every level measured in two halves per mode, in mirrored order (module docstring)."""
+    from dflash_trt.serving.client import GrpcStream
+    from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
+
+    results: dict = {mode: {} for mode in servers}
+    for index, level in enumerate(config.concurrency):
+        order = list(servers) if index % 2 == 0 else list(reversed(servers))
+        halves: dict[str, list[LoadLevel]] = {mode: [] for mode in servers}
+        before = {mode: scrape_totals(s.config.metrics_url, DRAFTING_COUNTERS) for mode, s in servers.items()}
+        for mode in order + order[::-1]:
+            url = servers[mode].config.grpc_url
+            halves[mode].append(run_level(lambda: GrpcStream(url), prompts, level, config.duration_s / 2,
+                                          config.max_new_tokens, config.request_timeout_s, temperature=0.0))
+        for mode, server in servers.items():
+            result = merged(halves[mode]).summary()
             # What the block-size policy chose under this load, from the dflash model's counters.
-            result["drafting"] = drafting_figures(before, scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS))
-            levels[str(level)] = result
+            result["drafting"] = drafting_figures(before[mode], scrape_totals(server.config.metrics_url,
+                                                                             DRAFTING_COUNTERS))
+            results[mode][str(level)] = result
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
-    return levels
+    return results
+
+
+def merged(parts: list[LoadLevel]) -> LoadLevel:
+    """The load levels `parts` (same concurrency) as one: their requests, over the sum of their times."""
+    records = sorted((r for part in parts for r in part.records), key=lambda r: r.start_s)
+    return LoadLevel(parts[0].concurrency, sum(part.duration_s for part in parts), records)
 
 
 def _warm_up(stream, prompt: str, timeout_s: float) -> None:
