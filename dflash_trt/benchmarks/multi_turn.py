@@ -64,7 +64,8 @@ class ReplayRun:
     cache_bytes_budget: int  # 0: no cache
     turns: list[TurnRecord] = field(default_factory=list)
     wall_s: float = 0.0
-    peak_cache_bytes: int = 0
+    peak_cache_bytes: int = 0  # target KV and drafter features
+    peak_cache_kv_bytes: int = 0  # of which the target KV (what the budget bounds)
 
     def summary(self) -> dict:
         first = [t.ttft_s for t in self.turns if t.turn == 1]
@@ -86,7 +87,8 @@ class ReplayRun:
             "prompt_tokens": prompt_tokens,
             "cache_bytes_budget": self.cache_bytes_budget,
             "peak_cache_bytes": self.peak_cache_bytes,
-            "within_budget": self.peak_cache_bytes <= self.cache_bytes_budget if self.cache_bytes_budget else True,
+            "peak_cache_kv_bytes": self.peak_cache_kv_bytes,
+            "within_budget": self.peak_cache_kv_bytes <= self.cache_bytes_budget if self.cache_bytes_budget else True,
             "wall_s": self.wall_s,
         }
 
@@ -150,6 +152,7 @@ def replay(target, drafter, conversations: list[Conversation], params: SamplingP
             now = time.perf_counter()
             # Each replica's cache has its own budget: the peak is that of the fullest one.
             run.peak_cache_bytes = max([run.peak_cache_bytes] + [cache.bytes for cache in caches if cache])
+            run.peak_cache_kv_bytes = max([run.peak_cache_kv_bytes] + [cache.kv_bytes for cache in caches if cache])
             for out in outputs:
                 index, turn, prompt_tokens, sent_at, first = in_flight[replica, out.index]
                 if not first:

@@ -56,8 +56,8 @@ def register(subparsers) -> None:
                         help="prompt tokens prefilled per decoding step (default: "
                              f"{defaults.prefill_chunk_tokens})")
     parser.add_argument("--prefix-cache-bytes", type=int, default=defaults.prefix_cache_bytes, metavar="N",
-                        help="bytes of prompt-prefix blocks (target KV and drafter features) each dflash instance "
-                             f"keeps for reuse (default {defaults.prefix_cache_bytes}; 0: off)")
+                        help="bytes of target KV in the prompt-prefix blocks each dflash instance keeps for reuse, "
+                             f"their drafter features on top (default {defaults.prefix_cache_bytes}; 0: off)")
     parser.add_argument("--canary-tokens", type=int, default=defaults.canary_tokens,
                         help=f"tokens of the load-time canary generation whose acceptance is logged and exported "
                              f"(default {defaults.canary_tokens}; 0: off)")

@@ -198,14 +198,15 @@ def test_the_markdown_report_has_the_multi_turn_table_when_the_scenario_ran(shor
 
     summary = json.loads((short_run[1] / "summary.json").read_text())
     run = {"ttft_ms_first_turn": {"p50": 400.0, "p99": 900.0}, "ttft_ms_later_turns": {"p50": 800.0, "p99": 1500.0},
-           "output_tokens_per_s": 8.25, "tau": 1.91, "hit_rate": 0.0, "peak_cache_bytes": 0, "within_budget": True}
+           "output_tokens_per_s": 8.25, "tau": 1.91, "hit_rate": 0.0, "peak_cache_bytes": 0,
+           "peak_cache_kv_bytes": 0, "within_budget": True}
     cached = {**run, "ttft_ms_later_turns": {"p50": 400.0, "p99": 700.0}, "hit_rate": 0.31,
-              "peak_cache_bytes": 51 * 2**20}
+              "peak_cache_bytes": 51 * 2**20, "peak_cache_kv_bytes": 40 * 2**20}
     summary["multi_turn"] = {"num_conversations": 8, "block_size": 8, "prefix_cache_bytes": 256 * 2**20,
                              "levels": {"1": {"no_cache": run, "cache": cached, "ttft_p50_speedup_later_turns": 2.0,
                                               "output_differences": 0, "acceptance_differences": 0}}}
     page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
     assert "## Multi-turn conversations and the prefix cache" in page
-    assert "| 1 | off | 400 / 900 | 800 / 1500 | 8.2 | 1.91 | 0% | 0.0 |" in page
-    assert "| 1 | on | 400 / 900 | 400 / 700 | 8.2 | 1.91 | 31% | 51.0 |" in page
+    assert "| 1 | off | 400 / 900 | 800 / 1500 | 8.2 | 1.91 | 0% | 0.0 / 0.0 |" in page
+    assert "| 1 | on | 400 / 900 | 400 / 700 | 8.2 | 1.91 | 31% | 51.0 / 40.0 |" in page
     assert "turns 2+ reach their first token 2.00x sooner" in page and "output differences 0" in page

@@ -133,11 +133,12 @@ def test_eviction_keeps_the_cache_within_its_bytes_and_the_output_exact(family, 
     without = run(target, drafter, prompts, None, monkeypatch)
     probe = PrefixCache(max_bytes=1 << 30, block_tokens=BLOCK_TOKENS)
     run(target, drafter, prompts, probe, monkeypatch)
-    block_bytes = probe.bytes // len(probe.blocks)
-    cache = PrefixCache(max_bytes=3 * block_bytes, block_tokens=BLOCK_TOKENS)  # room for 3 blocks
+    block_kv_bytes = probe.kv_bytes // len(probe.blocks)
+    assert probe.bytes > probe.kv_bytes  # the drafter's features are held too, beside the budgeted KV
+    cache = PrefixCache(max_bytes=3 * block_kv_bytes, block_tokens=BLOCK_TOKENS)  # room for 3 blocks' KV
 
     def within_budget(scheduler):
-        assert cache.bytes <= cache.max_bytes and len(cache.blocks) <= 3
+        assert cache.kv_bytes <= cache.max_bytes and len(cache.blocks) <= 3
 
     evicting = run(target, drafter, prompts, cache, monkeypatch, after_step=within_budget)
     for key in ("tokens", "acceptance", "drafts"):

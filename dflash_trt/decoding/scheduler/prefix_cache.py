@@ -18,8 +18,12 @@ logits). A finished request's answer is cached as well (prefill.store_answer: th
 it), from the KV of its batch row and the features it recorded while it ran. Blocks are copied in and out, never
 shared, so a block can be evicted while a request that used it is still running, and the KV bound of the
 scheduler (max_kv_tokens) is unchanged. The cache holds at most
-`max_bytes`; when it needs room it evicts the least recently used blocks (a prefix's blocks are touched from the
-last to the first, so the deepest go first and no block is kept without its parent being more recent).
+`max_bytes` of target KV; when it needs room it evicts the least recently used blocks (a prefix's blocks are touched
+from the last to the first, so the deepest go first and no block is kept without its parent being more recent).
+The drafter features of the cached positions come on top of that budget (`bytes` counts both): a DFlash server and
+a plain one given the same budget cache the same positions, so drafting never costs prefix hits. The features are
+the drafter's memory, like its context cache beside the target's KV (max_kv_tokens also bounds positions, not
+bytes): on the demo pair they add a quarter to the KV's bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dflash_trt.errors import DFlashError
 @dataclass
 class CachedBlock:
     """One block of a prompt: its tokens, its parent's key, the target's KV per layer [H, n, D] and the
-    target's features [n, F] (None without a drafter)."""
+    target's features [n, F] (None without a drafter); nbytes: all of them, kv_bytes: the KV's (the budget's)."""
 
     key: int
     parent: int | None
@@ -45,6 +49,7 @@ class CachedBlock:
     values: list[torch.Tensor]
     features: torch.Tensor | None
     nbytes: int
+    kv_bytes: int
 
 
 @dataclass
@@ -72,7 +77,7 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Prompt-prefix blocks with their target KV and features, within a byte budget (module docstring)."""
+    """Prompt-prefix blocks with their target KV and features, within a budget of KV bytes (module docstring)."""
 
     def __init__(self, max_bytes: int, block_tokens: int = 16):
         if max_bytes < 1:
@@ -81,7 +86,8 @@ class PrefixCache:
             raise DFlashError(f"prefix cache: block_tokens must be >= 1, got {block_tokens}")
         self.max_bytes, self.block_tokens = max_bytes, block_tokens
         self.blocks: OrderedDict[int, CachedBlock] = OrderedDict()  # least recently used first
-        self.bytes = 0
+        self.bytes = 0  # what the blocks hold: target KV and drafter features
+        self.kv_bytes = 0  # of which the target KV, bounded by max_bytes
         self.queries_tokens = 0  # prompt tokens looked up (every admitted prompt)
         self.hits_tokens = 0  # of those, tokens served from the cache
 
@@ -125,31 +131,35 @@ class PrefixCache:
                 block_keys = [k[:, span].clone() for k in keys]
                 block_values = [v[:, span].clone() for v in values]
                 block_features = features[span].clone() if features is not None else None
-                nbytes = sum(t.numel() * t.element_size() for t in block_keys + block_values)
-                nbytes += block_features.numel() * block_features.element_size() if block_features is not None else 0
-                if nbytes > self.max_bytes or not self._make_room(nbytes, protect=parent):
+                kv_bytes = sum(t.numel() * t.element_size() for t in block_keys + block_values)
+                nbytes = kv_bytes + (block_features.numel() * block_features.element_size()
+                                     if block_features is not None else 0)
+                if kv_bytes > self.max_bytes or not self._make_room(kv_bytes, protect=parent):
                     return  # the rest of the chain would hang on a block that is not there
                 self.blocks[key] = CachedBlock(key, parent, tokens, block_keys, block_values, block_features,
-                                               nbytes)
+                                               nbytes, kv_bytes)
                 self.bytes += nbytes
+                self.kv_bytes += kv_bytes
             parent = key
         self._touch([self.blocks[key] for key, _ in chain if key in self.blocks])
 
     def clear(self) -> None:
         self.blocks.clear()
-        self.bytes = 0
+        self.bytes = self.kv_bytes = 0
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
     def _touch(self, blocks: list[CachedBlock]) -> None:
         for block in reversed(blocks):  # the first block of a prefix ends up the most recent
             self.blocks.move_to_end(block.key)
 
-    def _make_room(self, nbytes: int, protect: int | None) -> bool:
-        """Evict least recently used blocks until nbytes fit; never the block `protect` (the parent of the one
-        being added). False when it cannot make room."""
-        while self.bytes + nbytes > self.max_bytes:
+    def _make_room(self, kv_bytes: int, protect: int | None) -> bool:
+        """Evict least recently used blocks until kv_bytes more KV fit; never the block `protect` (the parent of the
+        one being added). False when it cannot make room."""
+        while self.kv_bytes + kv_bytes > self.max_bytes:
             victim = next((key for key in self.blocks if key != protect), None)
             if victim is None:
                 return False
-            self.bytes -= self.blocks.pop(victim).nbytes
+            evicted = self.blocks.pop(victim)
+            self.bytes -= evicted.nbytes
+            self.kv_bytes -= evicted.kv_bytes
         return True
