@@ -309,3 +309,29 @@ def test_a_catch_up_is_charged_to_drafting_after_plain_steps():
     policy.observe_catch_up(100, 0.400)  # taking in 100 rows cost 0.4 s
     assert policy.best(1, catch_up_rows=100) == PLAIN  # 25 ms more per step over the next 16: no longer pays
     assert policy.best(1, catch_up_rows=0) == StepPlan(2)
+
+
+def _best_from_values(policy: AdaptiveBlockSize, batch_size: int, catch_up_rows: int) -> StepPlan:
+    """best() as the module docstring defines it, from value() of every plan (no cached estimates)."""
+    known = {plan: policy.value(batch_size, plan, catch_up_rows) for plan in policy.plans}
+    known = {plan: v for plan, v in known.items() if v is not None}
+    best = max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
+    if best.block_size > 1 and PLAIN in known and known[best] < policy.draft_margin * known[PLAIN]:
+        return PLAIN
+    return best
+
+
+def test_cached_drafted_estimates_follow_every_observation():
+    """The policy keeps each batch size's drafted estimates between drafted steps (a loaded server decides plain at
+    every step); whatever is observed, its choice equals the one computed afresh from value()."""
+    rng = random.Random(3)
+    policy = AdaptiveBlockSize(MAX_BLOCK, tree_budgets=[16], explore_every=10**9)
+    for step in range(400):
+        batch_size, plan = rng.randint(1, 8), rng.choice(policy.plans)
+        seconds = 0.005 * batch_size * (1 + 0.1 * plan.verified_tokens) * rng.uniform(0.5, 1.5)
+        policy.observe(batch_size, plan, seconds, [rng.randrange(plan.block_size) for _ in range(batch_size)])
+        if step % 7 == 0:
+            policy.observe_catch_up(rng.randint(1, 500), 0.002)
+        for size in (1, 3, 8, 12):
+            for rows in (0, 64):
+                assert policy.best(size, rows) == _best_from_values(policy, size, rows), (step, size, rows)

@@ -288,6 +288,11 @@ class AdaptiveBlockSize:
         self._exploring: StepPlan | None = None  # the plan of the exploration step under way
         self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
+        # (expected tokens, step seconds before any catch-up) of every drafted plan, per batch size, as of the
+        # drafted steps observed so far: plain steps change neither, so a loaded server deciding to stay plain
+        # does not re-estimate every drafted plan at every step.
+        self._drafted_version = 0
+        self._drafted_cache: dict[int, tuple[int, list[tuple[StepPlan, float, float | None]]]] = {}
 
     def cost(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Seconds of one step of `plan`; a drafted one after a backlog of catch_up_rows context rows carries its
@@ -313,10 +318,33 @@ class AdaptiveBlockSize:
         cost = self.cost(batch_size, plan, catch_up_rows)
         return None if cost is None else self.tokens(plan) / max(cost, 1e-9)
 
+    def _drafted_estimates(self, batch_size: int) -> list[tuple[StepPlan, float, float | None]]:
+        """(plan, tokens, step seconds without catch-up or None) of every drafted plan at `batch_size`."""
+        cached = self._drafted_cache.get(batch_size)
+        if cached is None or cached[0] != self._drafted_version:
+            estimates = []
+            for plan in self.plans:
+                if plan.block_size > 1:
+                    costs = self.trees if plan.tree_budget and self.trees else self.drafted
+                    seconds = costs.estimate(batch_size, plan.verified_tokens) if costs else None
+                    estimates.append((plan, self.tokens(plan), seconds))
+            cached = self._drafted_cache[batch_size] = (self._drafted_version, estimates)
+        return cached[1]
+
+    def _values(self, batch_size: int, catch_up_rows: int = 0) -> dict[StepPlan, float]:
+        """value() of every plan whose mode ran (the same figures, from the cached drafted estimates)."""
+        values = {}
+        if 1 in self.sizes and self.plain:
+            values[PLAIN] = 1.0 / max(self.plain.estimate(batch_size), 1e-9)
+        catch_up = self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+        for plan, tokens, seconds in self._drafted_estimates(batch_size):
+            if seconds is not None:
+                values[plan] = tokens / max(seconds + catch_up, 1e-9)
+        return values
+
     def best(self, batch_size: int, catch_up_rows: int = 0) -> StepPlan:
         """The plan of the highest value; a drafted one only if it beats plain decoding by draft_margin."""
-        values = {plan: self.value(batch_size, plan, catch_up_rows) for plan in self.plans}
-        known = {plan: v for plan, v in values.items() if v is not None}
+        known = self._values(batch_size, catch_up_rows)
         if not known:
             return StepPlan(self.max_block_size)
         best = max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
@@ -343,6 +371,8 @@ class AdaptiveBlockSize:
         best = self.best(batch_size, catch_up_rows)
         if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
+        if self.decisions - self.last_explored < self.explore_every:
+            return best  # (checked first: choosing the plan to explore costs more than the choice itself)
         neighbour = self._neighbour(best, batch_size, catch_up_rows)
         if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
             self.explorations += 1
@@ -358,9 +388,9 @@ class AdaptiveBlockSize:
         if len(self.plans) < 2:
             return None
         if best.block_size == 1:
+            values = self._values(batch_size, catch_up_rows)
             drafted = [plan for plan in self.plans if plan.block_size > 1]
-            return max(drafted, key=lambda plan: (self.value(batch_size, plan, catch_up_rows) or 0.0,
-                                                  -plan.verified_tokens))
+            return max(drafted, key=lambda plan: (values.get(plan, 0.0), -plan.verified_tokens))
         turn = self.explorations % 3
         if turn == 2 and PLAIN in self.plans:
             return PLAIN
@@ -392,7 +422,9 @@ class AdaptiveBlockSize:
             self._exploring = None
         if plan.block_size == 1:
             self.plain.observe(batch_size, seconds)
-        elif plan.tree_budget:
+            return
+        self._drafted_version += 1
+        if plan.tree_budget:
             self.trees.observe(batch_size, plan.verified_tokens, seconds)
             self.tree_tokens.setdefault(plan.tree_budget, TreeTokens()).observe(accepted)
         else:
