@@ -123,9 +123,9 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
         "",
         f"The ensemble over gRPC streaming, {settings['duration_s']:g} s per concurrency level, "
         f"{settings['instances']} dflash instance(s) batching in flight; DFlash (adaptive block size) against "
-        "the same repository serving plain decoding (block size 1), both servers up, each level measured in "
-        "two halves per server in mirrored order (DFlash, plain, plain, DFlash). block = tokens verified per "
-        "sequence and step (drafts + 1); plain = share of steps that drafted nothing.",
+        "the same repository serving plain decoding (block size 1), both servers up, loaded in turn level by level "
+        "(the order reversed at every other level). block = tokens verified per sequence and step (drafts + 1); "
+        "plain = share of steps that drafted nothing.",
         "",
         "| mode | concurrency | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | slowest user tok/s "
         "| block | plain | requests | errors |",

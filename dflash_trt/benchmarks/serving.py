@@ -3,10 +3,11 @@
 plain decoding (repository block_size 1), both batched in flight, with the same repository settings and the same
 requests. Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
 
-The servers are up together and only one is loaded at a time: each concurrency level is measured in two halves per
-server, in mirrored order (DFlash, plain, plain, DFlash; the next level starts with plain), so that a drift of a
-shared machine's load falls on every mode alike instead of on whichever ran last. An idle server waits on a
-condition and takes no CPU.
+The servers are up together and only one is loaded at a time, level by level, the order of the modes reversed at
+every other level (DFlash then plain at the first, plain then DFlash at the second, ...), so that a drift of a
+shared machine's load falls on every mode alike instead of on whichever ran last. (Splitting a level into halves
+per server would double its ramp-up and drain, which at 32 requests in flight and 64 tokens each is much of a
+10-second half.) An idle server waits on a condition and takes no CPU.
 
 Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
 level at which every request still got at least min_user_tokens_per_s tok/s of its own.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from dflash_trt.benchmarks.config import BenchConfig
-from dflash_trt.benchmarks.loadgen import LoadLevel, run_level
+from dflash_trt.benchmarks.loadgen import run_level
 
 # Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
 MODES = {"dflash": (0, 0), "plain": (1, 0)}
@@ -85,34 +86,24 @@ def _serve(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log):
 
 
 def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log) -> dict:
-    """{mode: {level: summary}}: every level measured in two halves per mode, in mirrored order (module docstring)."""
+    """{mode: {level: summary}}: level by level, every mode in turn, the order reversed at every other level."""
     from dflash_trt.serving.client import GrpcStream
     from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
 
     results: dict = {mode: {} for mode in servers}
     for index, level in enumerate(config.concurrency):
-        order = list(servers) if index % 2 == 0 else list(reversed(servers))
-        halves: dict[str, list[LoadLevel]] = {mode: [] for mode in servers}
-        before = {mode: scrape_totals(s.config.metrics_url, DRAFTING_COUNTERS) for mode, s in servers.items()}
-        for mode in order + order[::-1]:
-            url = servers[mode].config.grpc_url
-            halves[mode].append(run_level(lambda: GrpcStream(url), prompts, level, config.duration_s / 2,
-                                          config.max_new_tokens, config.request_timeout_s, temperature=0.0))
-        for mode, server in servers.items():
-            result = merged(halves[mode]).summary()
+        for mode in list(servers) if index % 2 == 0 else list(reversed(servers)):
+            server = servers[mode]
+            url = server.config.grpc_url
+            before = scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS)
+            result = run_level(lambda: GrpcStream(url), prompts, level, config.duration_s, config.max_new_tokens,
+                               config.request_timeout_s, temperature=0.0).summary()
             # What the block-size policy chose under this load, from the dflash model's counters.
-            result["drafting"] = drafting_figures(before[mode], scrape_totals(server.config.metrics_url,
-                                                                             DRAFTING_COUNTERS))
+            result["drafting"] = drafting_figures(before, scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS))
             results[mode][str(level)] = result
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
     return results
-
-
-def merged(parts: list[LoadLevel]) -> LoadLevel:
-    """The load levels `parts` (same concurrency) as one: their requests, over the sum of their times."""
-    records = sorted((r for part in parts for r in part.records), key=lambda r: r.start_s)
-    return LoadLevel(parts[0].concurrency, sum(part.duration_s for part in parts), records)
 
 
 def _warm_up(stream, prompt: str, timeout_s: float) -> None:

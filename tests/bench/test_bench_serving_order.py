@@ -1,5 +1,5 @@
-"""The served comparison loads one server at a time, in mirrored halves per level, so that a drift of the machine's
-load falls on every mode alike; each mode's level is its two halves merged."""
+"""The served comparison loads one server at a time, level by level, the order of the modes reversed at every other
+level, so that a drift of the machine's load falls on every mode alike."""
 
 from types import SimpleNamespace
 
@@ -8,7 +8,7 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
 
 
-def test_levels_alternate_modes_in_mirrored_halves_and_merge_them(monkeypatch, tmp_path):
+def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_path):
     calls = []
 
     def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
@@ -22,14 +22,12 @@ def test_levels_alternate_modes_in_mirrored_halves_and_merge_them(monkeypatch, t
     monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
     servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
                for mode in ("dflash", "plain")}
-    config = BenchConfig(concurrency=(1, 4), duration_s=20.0, out=tmp_path)
+    config = BenchConfig(concurrency=(1, 4, 16), duration_s=20.0, out=tmp_path)
     results = serving._load_interleaved(config, servers, ["p"], lambda line: None)
 
     assert [(mode, level) for mode, level, _ in calls] == [
-        ("dflash", 1), ("plain", 1), ("plain", 1), ("dflash", 1),
-        ("plain", 4), ("dflash", 4), ("dflash", 4), ("plain", 4)]
-    assert all(duration == 10.0 for _, _, duration in calls)
-    # dflash at level 1 ran halves 1 and 4 (10 + 40 tokens over 2 x 10 s); plain halves 2 and 3.
-    assert results["dflash"]["1"]["output_tokens"] == 50 and results["dflash"]["1"]["duration_s"] == 20.0
-    assert results["plain"]["1"]["num_requests"] == 2 and results["plain"]["1"]["output_tokens"] == 50
-    assert results["plain"]["4"]["output_tokens"] == 50 + 80  # halves 5 and 8
+        ("dflash", 1), ("plain", 1), ("plain", 4), ("dflash", 4), ("dflash", 16), ("plain", 16)]
+    assert all(duration == 20.0 for _, _, duration in calls)
+    # Each mode's level is its own run: dflash ran 1st at level 1 and 4th at level 4.
+    assert results["dflash"]["1"]["output_tokens"] == 10 and results["dflash"]["4"]["output_tokens"] == 40
+    assert results["plain"]["4"]["output_tokens"] == 30 and results["plain"]["16"]["num_requests"] == 1
