@@ -335,3 +335,18 @@ def test_cached_drafted_estimates_follow_every_observation():
         for size in (1, 3, 8, 12):
             for rows in (0, 64):
                 assert policy.best(size, rows) == _best_from_values(policy, size, rows), (step, size, rows)
+
+
+def test_one_slow_plain_step_at_a_new_batch_size_does_not_make_drafting_win_there():
+    """Measured in a served run: 16 rows decode plain in 18.6 ms; the first plain step of 32 rows took 114 ms (the KV
+    cache grew inside it); chains of 3 at 32 rows take ~110 ms. A plain step of 32 rows costs at most twice one of
+    16, so plain decoding stays the choice at 32, not drafting on the strength of one slow step."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10**9)
+    for step in range(40):
+        policy.observe(1, StepPlan(4), 0.008, _accepted(0.45, 4, 1, step))
+        policy.observe(16, PLAIN, 0.0186, [0] * 16)
+    policy.observe(32, PLAIN, 0.114, [0] * 32)
+    for step in range(5):
+        policy.observe(32, StepPlan(3), 0.110, _accepted(0.45, 3, 32, step))
+    assert policy.cost(32, PLAIN) == pytest.approx(2 * 0.0186)
+    assert policy.best(32) == PLAIN

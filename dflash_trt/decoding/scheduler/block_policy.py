@@ -15,7 +15,8 @@ tokens per second for the current batch size B:
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
 - cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call, a moving
-  average per batch size, interpolated between measured sizes), chain steps and tree steps (per batch size and
+  average per batch size, interpolated between measured sizes, and never more per row than at the nearest smaller
+  measured size: one slow step at a new batch size must not make drafting look cheap there), chain steps and tree steps (per batch size and
   tokens verified per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest
   measured ones, so that drafting never looks cheaper at a batch size where it was not measured); a tree never
   measured is costed as a chain of as many tokens. A drafted plan chosen while plain steps left a backlog of context
@@ -298,12 +299,24 @@ class AdaptiveBlockSize:
         """Seconds of one step of `plan`; a drafted one after a backlog of catch_up_rows context rows carries its
         share of taking them in (the catch-up spread over catch_up_horizon steps)."""
         if plan.block_size == 1:
-            return self.plain.estimate(batch_size) if self.plain else None
+            return self._plain_cost(batch_size) if self.plain else None
         costs = self.trees if plan.tree_budget and self.trees else self.drafted
         if not costs:
             return None
         return costs.estimate(batch_size, plan.verified_tokens) + \
             self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+
+    def _plain_cost(self, batch_size: int) -> float:
+        """Seconds of a plain step of `batch_size` rows: its estimate, but at most the nearest smaller measured batch
+        size's scaled by the rows (a step of more rows costs no more per row). One slow step at a new batch size (a
+        cache that grew inside it) would otherwise stand for every plain step there, and make drafting look cheap
+        until plain decoding is explored again."""
+        own = self.plain.estimate(batch_size)
+        below = [m for m in self.plain.seconds if m < batch_size]
+        if not below:
+            return own
+        nearest = max(below)
+        return min(own, self.plain.seconds[nearest] * batch_size / nearest)
 
     def tokens(self, plan: StepPlan) -> float:
         """Expected tokens committed per sequence by one step of `plan`."""
@@ -335,7 +348,7 @@ class AdaptiveBlockSize:
         """value() of every plan whose mode ran (the same figures, from the cached drafted estimates)."""
         values = {}
         if 1 in self.sizes and self.plain:
-            values[PLAIN] = 1.0 / max(self.plain.estimate(batch_size), 1e-9)
+            values[PLAIN] = 1.0 / max(self._plain_cost(batch_size), 1e-9)
         catch_up = self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
         for plan, tokens, seconds in self._drafted_estimates(batch_size):
             if seconds is not None:
