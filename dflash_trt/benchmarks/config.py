@@ -28,6 +28,7 @@ class BenchConfig:
     serving: bool = True
     concurrency: tuple[int, ...] = (1, 4, 16, 32)
     duration_s: float = 30.0  # per concurrency level; requests started before the end are awaited
+    serving_rounds: int = 1  # served runs per mode and level, the order of the modes alternating from run to run
     instances: int = 1  # dflash model instances of each served repository (each batches in flight)
     # "Throughput at fixed interactivity": the best total tok/s of a level where every request still got
     # at least this many tok/s of its own.
@@ -44,7 +45,8 @@ class BenchConfig:
     ready_timeout_s: float = 600.0
 
     def validate(self) -> None:
-        for name in ("num_prompts", "max_new_tokens", "instances", "multi_turn_conversations", "prefix_cache_bytes"):
+        for name in ("num_prompts", "max_new_tokens", "instances", "multi_turn_conversations", "prefix_cache_bytes",
+                     "serving_rounds"):
             if getattr(self, name) < 1:
                 raise DFlashError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_tree_budget(self.tree_budget)

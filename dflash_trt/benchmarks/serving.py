@@ -3,11 +3,12 @@
 plain decoding (repository block_size 1), both batched in flight, with the same repository settings and the same
 requests. Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
 
-The servers are up together and only one is loaded at a time, level by level, the order of the modes reversed at
-every other level (DFlash then plain at the first, plain then DFlash at the second, ...), so that a drift of a
-shared machine's load falls on every mode alike instead of on whichever ran last. (Splitting a level into halves
-per server would double its ramp-up and drain, which at 32 requests in flight and 64 tokens each is much of a
-10-second half.) An idle server waits on a condition and takes no CPU.
+The servers are up together and only one is loaded at a time: each level runs every mode in turn, the order
+reversed from one run to the next (DFlash then plain, then plain then DFlash, ...), so that a drift of a shared
+machine's load falls on every mode alike instead of on whichever ran last. With config.serving_rounds R > 1 each
+level does that R times, and a mode's figures at a level are its R runs together; each run lasts the full
+duration (splitting a duration into shorter runs would multiply the ramp-up and drain, which at 32 requests in
+flight and 64 tokens each are much of a 10-second run). An idle server waits on a condition and takes no CPU.
 
 Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
 level at which every request still got at least min_user_tokens_per_s tok/s of its own.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from dflash_trt.benchmarks.config import BenchConfig
-from dflash_trt.benchmarks.loadgen import run_level
+from dflash_trt.benchmarks.loadgen import LoadLevel, run_level
 
 # Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
 MODES = {"dflash": (0, 0), "plain": (1, 0)}
@@ -86,24 +87,38 @@ def _serve(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log):
 
 
 def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log) -> dict:
-    """{mode: {level: summary}}: level by level, every mode in turn, the order reversed at every other level."""
+    """{mode: {level: summary}}: level by level, config.serving_rounds runs per mode, the modes in turn and their
+    order reversed from one run to the next (module docstring)."""
     from dflash_trt.serving.client import GrpcStream
     from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
 
     results: dict = {mode: {} for mode in servers}
-    for index, level in enumerate(config.concurrency):
-        for mode in list(servers) if index % 2 == 0 else list(reversed(servers)):
-            server = servers[mode]
-            url = server.config.grpc_url
-            before = scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS)
-            result = run_level(lambda: GrpcStream(url), prompts, level, config.duration_s, config.max_new_tokens,
-                               config.request_timeout_s, temperature=0.0).summary()
-            # What the block-size policy chose under this load, from the dflash model's counters.
-            result["drafting"] = drafting_figures(before, scrape_totals(server.config.metrics_url, DRAFTING_COUNTERS))
+    turn = 0
+    for level in config.concurrency:
+        runs: dict[str, list[LoadLevel]] = {mode: [] for mode in servers}
+        before = {mode: scrape_totals(s.config.metrics_url, DRAFTING_COUNTERS) for mode, s in servers.items()}
+        for _round in range(config.serving_rounds):
+            for mode in list(servers) if turn % 2 == 0 else list(reversed(servers)):
+                url = servers[mode].config.grpc_url
+                runs[mode].append(run_level(lambda: GrpcStream(url), prompts, level, config.duration_s,
+                                            config.max_new_tokens, config.request_timeout_s, temperature=0.0))
+            turn += 1
+        for mode, server in servers.items():
+            result = merged(runs[mode]).summary()
+            # What the block-size policy chose under this load, from the dflash model's counters (only this mode's
+            # server served in between).
+            result["drafting"] = drafting_figures(before[mode], scrape_totals(server.config.metrics_url,
+                                                                             DRAFTING_COUNTERS))
             results[mode][str(level)] = result
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
     return results
+
+
+def merged(runs: list[LoadLevel]) -> LoadLevel:
+    """Runs of one concurrency level as one: their requests, over the sum of their times."""
+    records = sorted((r for run in runs for r in run.records), key=lambda r: r.start_s)
+    return LoadLevel(runs[0].concurrency, sum(run.duration_s for run in runs), records)
 
 
 def _warm_up(stream, prompt: str, timeout_s: float) -> None:

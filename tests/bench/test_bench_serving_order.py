@@ -31,3 +31,27 @@ def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_p
     # Each mode's level is its own run: dflash ran 1st at level 1 and 4th at level 4.
     assert results["dflash"]["1"]["output_tokens"] == 10 and results["dflash"]["4"]["output_tokens"] == 40
     assert results["plain"]["4"]["output_tokens"] == 30 and results["plain"]["16"]["num_requests"] == 1
+
+
+def test_rounds_repeat_each_level_alternating_and_merge_each_modes_runs(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
+        calls.append((open_stream(), level))
+        start = float(len(calls))
+        return LoadLevel(level, duration_s, [RequestRecord(start, start + 1.0, num_output_tokens=10 * len(calls))])
+
+    monkeypatch.setattr(serving, "run_level", fake_level)
+    monkeypatch.setattr("dflash_trt.serving.client.GrpcStream", lambda url: url)
+    monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
+    servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
+               for mode in ("dflash", "plain")}
+    config = BenchConfig(concurrency=(4, 16), duration_s=15.0, serving_rounds=3, out=tmp_path)
+    results = serving._load_interleaved(config, servers, ["p"], lambda line: None)
+
+    assert [mode for mode, _ in calls] == ["dflash", "plain", "plain", "dflash", "dflash", "plain",
+                                           "plain", "dflash", "dflash", "plain", "plain", "dflash"]
+    assert [level for _, level in calls] == [4] * 6 + [16] * 6
+    # dflash at 4 ran 1st, 4th and 5th: 10 + 40 + 50 tokens over 3 runs of 15 s.
+    level = results["dflash"]["4"]
+    assert level["output_tokens"] == 100 and level["duration_s"] == 45.0 and level["num_requests"] == 3
