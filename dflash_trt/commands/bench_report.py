@@ -83,7 +83,8 @@ def run(args) -> int:
         prompts_dir=args.prompts_dir, families=tuple(args.families),
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
-        duration_s=args.duration, serving_rounds=args.serving_rounds, instances=args.instances, min_user_tokens_per_s=args.min_user_tokens_per_s,
+        duration_s=args.duration, serving_rounds=args.serving_rounds, instances=args.instances,
+        min_user_tokens_per_s=args.min_user_tokens_per_s,
         sequential_baseline=args.sequential_baseline, tree_budget=args.tree_budget, multi_turn=args.multi_turn,
         multi_turn_conversations=args.multi_turn_conversations,
         multi_turn_concurrency=tuple(args.multi_turn_concurrency), prefix_cache_bytes=args.prefix_cache_bytes)

@@ -1,5 +1,6 @@
-"""The served comparison loads one server at a time, level by level, the order of the modes reversed at every other
-level, so that a drift of the machine's load falls on every mode alike."""
+"""The served comparison loads one server at a time, level by level, the order of the modes reversed from one run to
+the next, so that a drift of the machine's load falls on every mode alike; with several rounds, a mode's runs at a
+level are reported together."""
 
 from types import SimpleNamespace
 
@@ -8,12 +9,13 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
 
 
-def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_path):
+def _load(monkeypatch, config):
+    """serving._load_interleaved over two fake servers whose n-th run (1-based) is one request of 10 n tokens:
+    (results, [(mode, level, duration_s) of each run in order])."""
     calls = []
 
     def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
-        mode = open_stream()
-        calls.append((mode, level, duration_s))
+        calls.append((open_stream(), level, duration_s))
         start = float(len(calls))
         return LoadLevel(level, duration_s, [RequestRecord(start, start + 1.0, num_output_tokens=10 * len(calls))])
 
@@ -22,8 +24,11 @@ def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_p
     monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
     servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
                for mode in ("dflash", "plain")}
-    config = BenchConfig(concurrency=(1, 4, 16), duration_s=20.0, out=tmp_path)
-    results = serving._load_interleaved(config, servers, ["p"], lambda line: None)
+    return serving._load_interleaved(config, servers, ["p"], lambda line: None), calls
+
+
+def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_path):
+    results, calls = _load(monkeypatch, BenchConfig(concurrency=(1, 4, 16), duration_s=20.0, out=tmp_path))
 
     assert [(mode, level) for mode, level, _ in calls] == [
         ("dflash", 1), ("plain", 1), ("plain", 4), ("dflash", 4), ("dflash", 16), ("plain", 16)]
@@ -34,24 +39,12 @@ def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_p
 
 
 def test_rounds_repeat_each_level_alternating_and_merge_each_modes_runs(monkeypatch, tmp_path):
-    calls = []
-
-    def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
-        calls.append((open_stream(), level))
-        start = float(len(calls))
-        return LoadLevel(level, duration_s, [RequestRecord(start, start + 1.0, num_output_tokens=10 * len(calls))])
-
-    monkeypatch.setattr(serving, "run_level", fake_level)
-    monkeypatch.setattr("dflash_trt.serving.client.GrpcStream", lambda url: url)
-    monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
-    servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
-               for mode in ("dflash", "plain")}
     config = BenchConfig(concurrency=(4, 16), duration_s=15.0, serving_rounds=3, out=tmp_path)
-    results = serving._load_interleaved(config, servers, ["p"], lambda line: None)
+    results, calls = _load(monkeypatch, config)
 
-    assert [mode for mode, _ in calls] == ["dflash", "plain", "plain", "dflash", "dflash", "plain",
-                                           "plain", "dflash", "dflash", "plain", "plain", "dflash"]
-    assert [level for _, level in calls] == [4] * 6 + [16] * 6
+    assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain", "dflash", "dflash", "plain",
+                                              "plain", "dflash", "dflash", "plain", "plain", "dflash"]
+    assert [level for _, level, _ in calls] == [4] * 6 + [16] * 6
     # dflash at 4 ran 1st, 4th and 5th: 10 + 40 + 50 tokens over 3 runs of 15 s.
     level = results["dflash"]["4"]
     assert level["output_tokens"] == 100 and level["duration_s"] == 45.0 and level["num_requests"] == 3

@@ -156,11 +156,11 @@ class ContextCache:
         if self.allocated_rows < mine + theirs or self._capacity < capacity:
             self._reallocate(max(mine + theirs, 2 * mine), capacity)
         width = other._width()
-        for index, (buffer, w) in enumerate(zip(self._k + self._v, self._windows * 2)):
+        sources = other._k + other._v if other._k is not None else [None] * (2 * len(self._k))
+        for buffer, source in zip(self._k + self._v, sources):
             rows = buffer[mine:mine + theirs]
             rows.zero_()
-            if other._k is not None and width:
-                source = (other._k + other._v)[index]
+            if source is not None and width:
                 kept = min(width, source.shape[2])
                 rows[:, :, :kept] = source[:theirs, :, :kept].to(buffer.device)
         self.lens = torch.cat((self.lens, other.lens.to(self.lens.device)))

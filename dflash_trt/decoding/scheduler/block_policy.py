@@ -300,11 +300,16 @@ class AdaptiveBlockSize:
         share of taking them in (the catch-up spread over catch_up_horizon steps)."""
         if plan.block_size == 1:
             return self._plain_cost(batch_size) if self.plain else None
-        costs = self.trees if plan.tree_budget and self.trees else self.drafted
-        if not costs:
+        seconds = self._drafted_seconds(batch_size, plan)
+        if seconds is None:
             return None
-        return costs.estimate(batch_size, plan.verified_tokens) + \
-            self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+        return seconds + self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+
+    def _drafted_seconds(self, batch_size: int, plan: StepPlan) -> float | None:
+        """A drafted step's seconds before any catch-up (trees costed as chains until a tree ran); None before any
+        drafted step ran."""
+        costs = self.trees if plan.tree_budget and self.trees else self.drafted
+        return costs.estimate(batch_size, plan.verified_tokens) if costs else None
 
     def _plain_cost(self, batch_size: int) -> float:
         """Seconds of a plain step of `batch_size` rows: its estimate, but at most the nearest smaller measured batch
@@ -335,12 +340,8 @@ class AdaptiveBlockSize:
         """(plan, tokens, step seconds without catch-up or None) of every drafted plan at `batch_size`."""
         cached = self._drafted_cache.get(batch_size)
         if cached is None or cached[0] != self._drafted_version:
-            estimates = []
-            for plan in self.plans:
-                if plan.block_size > 1:
-                    costs = self.trees if plan.tree_budget and self.trees else self.drafted
-                    seconds = costs.estimate(batch_size, plan.verified_tokens) if costs else None
-                    estimates.append((plan, self.tokens(plan), seconds))
+            estimates = [(plan, self.tokens(plan), self._drafted_seconds(batch_size, plan))
+                         for plan in self.plans if plan.block_size > 1]
             cached = self._drafted_cache[batch_size] = (self._drafted_version, estimates)
         return cached[1]
 
