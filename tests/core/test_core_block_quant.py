@@ -20,6 +20,7 @@ from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear, QuantBlocks, interleave, reference_matmul
 from dflash_trt.decoding.kernels.rowwise_attention import rowwise_sdpa
 from dflash_trt.decoding.model.drafters.int8_weights import quantize_linear_layers
+from dflash_trt.decoding.model.drafters.native_layers import NativeDraftLayers
 from dflash_trt.decoding.model.gguf_weights import decode_blocks
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.step.sampling import SamplingParams
@@ -220,7 +221,11 @@ def test_quantized_dflash_greedy_equals_plain_decoding(quantized_setup, block_si
     oracle.load_state_dict(random.state_dict())
     int8 = make_tiny_drafter(model.config, block_size=block_size)
     assert quantize_linear_layers(int8) > 0  # Q8_0 drafter layers (int8_weights.py): other drafts, same output
-    for name, drafter in (("random", random), ("oracle", oracle), ("int8", int8)):
+    fused = make_tiny_drafter(model.config, block_size=block_size)
+    quantize_linear_layers(fused)
+    fused.native_layers, _ = NativeDraftLayers.build(fused)  # the same layers as one native call
+    assert fused.native_layers is not None
+    for name, drafter in (("random", random), ("oracle", oracle), ("int8", int8), ("native", fused)):
         results = generate(_quantized_target(model), drafter, prompts, SamplingParams(max_new_tokens=23), block_size)
         for index, (result, reference) in enumerate(zip(results, references)):
             assert result.token_ids == reference, f"{name} drafter, block {block_size}, prompt {index}"

@@ -43,5 +43,6 @@ def test_drafter_weights_follow_the_target():
     assert not apply_drafter_weights("auto", target, None)
     assert apply_drafter_weights("auto", target, drafter)
     assert isinstance(drafter.layers[0].mlp.down_proj, BlockQuantLinear)
+    assert drafter.native_layers is not None  # and its layers run as one native call (native_layers.py)
     with pytest.raises(ConfigError, match="one of"):
         apply_drafter_weights("int4", target, drafter)

@@ -13,7 +13,7 @@ import torch
 
 from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear
-from dflash_trt.decoding.model.lean_llama import LeanLlama, _norm_lanes
+from dflash_trt.decoding.model.lean_llama import LeanLlama, norm_lanes
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.testing import make_tiny_target, quantize_like_q4_1
 
@@ -122,7 +122,7 @@ def test_native_norm_and_silu_equal_torchs():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     native.load()
-    lanes = _norm_lanes(LlamaRMSNorm(64, eps=1e-5))  # the lanes are torch's sum kernel's, whatever the norm
+    lanes = norm_lanes(LlamaRMSNorm(64, eps=1e-5), 1e-5)  # the lanes are torch's sum kernel's, whatever the norm
     generator = torch.Generator().manual_seed(3)
     for width in (16, 24, 64, 100, 576, 960, 1536, 2048, 4097):
         x = torch.randn(5, width, generator=generator) * torch.logspace(-3, 3, 5)[:, None]

@@ -53,7 +53,7 @@ class LeanLlama:
             return None, reason
         config, inner = model.config, model.model
         native.load()
-        lanes = _norm_lanes(inner.norm)
+        lanes = norm_lanes(inner.norm, inner.norm.variance_epsilon)
         if lanes is None:
             return None, "torch's RMSNorm adds in an order the native norm does not reproduce"
         if not _silu_matches(inner.layers[0].mlp.act_fn):
@@ -64,8 +64,9 @@ class LeanLlama:
             qkv = BlockQuantLinear.stacked([attention.q_proj, attention.k_proj, attention.v_proj])
             gate_up = BlockQuantLinear.stacked([mlp.gate_proj, mlp.up_proj])
             stacked += [qkv, gate_up]
-            weights += [layer.input_layernorm.weight.detach(), *_blocks(qkv), *_blocks(attention.o_proj),
-                        layer.post_attention_layernorm.weight.detach(), *_blocks(gate_up), *_blocks(mlp.down_proj)]
+            weights += [layer.input_layernorm.weight.detach(), *block_tensors(qkv),
+                        *block_tensors(attention.o_proj), layer.post_attention_layernorm.weight.detach(),
+                        *block_tensors(gate_up), *block_tensors(mlp.down_proj)]
             bits += [qkv.bits, attention.o_proj.bits, gate_up.bits, mlp.down_proj.bits]
         attention = inner.layers[0].self_attn
         dims = [config.num_attention_heads, config.num_key_value_heads, attention.head_dim, config.intermediate_size]
@@ -111,13 +112,13 @@ def _unsupported(model: nn.Module) -> str:
     return ""
 
 
-def _blocks(layer: BlockQuantLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_tensors(layer: BlockQuantLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return layer.codes, layer.scale, layer.offset
 
 
-def _norm_lanes(norm: nn.Module) -> int | None:
-    """The vector width whose addition order makes the native norm equal `norm` (the model's LlamaRMSNorm) bit for
-    bit on probe rows, or None."""
+def norm_lanes(norm: nn.Module, eps: float) -> int | None:
+    """The vector width whose addition order makes the native norm equal `norm` (an RMSNorm with epsilon `eps`: the
+    model's LlamaRMSNorm, a drafter's) bit for bit on probe rows, or None."""
     generator = torch.Generator().manual_seed(0)
     width = norm.weight.shape[0]
     probe = torch.randn(64, width, generator=generator) * torch.logspace(-2, 2, 64)[:, None]
@@ -125,7 +126,7 @@ def _norm_lanes(norm: nn.Module) -> int | None:
         expected = norm(probe)
         for lanes in SUM_LANES:
             if width >= lanes and torch.equal(
-                    torch.ops.dflash_cpu.rms_norm(probe, norm.weight.detach(), norm.variance_epsilon, lanes), expected):
+                    torch.ops.dflash_cpu.rms_norm(probe, norm.weight.detach(), eps, lanes), expected):
                 return lanes
     return None
 

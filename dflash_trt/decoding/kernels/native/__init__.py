@@ -1,6 +1,7 @@
 """Build and load the batch-invariant CPU kernels: torch.ops.dflash_cpu.block_matmul and
-torch.ops.dflash_cpu.rowwise_attention (cpu_kernels.cpp), and torch.ops.dflash_cpu.llama_decoder, a Llama target's
-decoder layers in one call (llama_decoder.cpp).
+torch.ops.dflash_cpu.rowwise_attention (cpu_kernels.cpp), torch.ops.dflash_cpu.llama_decoder, a Llama target's
+decoder layers in one call (llama_decoder.cpp), and torch.ops.dflash_cpu.draft_decoder, a Q8_0 DFlash drafter's
+layers in one call (draft_decoder.cpp); the last two share decoder_parts.cpp.
 
 The library is compiled once per (source, torch version) with the C++ compiler and torch's own include and library
 paths, into plugins/build/cpu_ext/<hash>/ under a file lock (parallel callers wait for one another); it takes
@@ -22,8 +23,9 @@ import torch
 from dflash_trt.decoding.kernels.plugin.build import DEFAULT_BUILD_DIR
 from dflash_trt.errors import ConfigError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "llama_decoder.cpp"))
-HEADERS = (Path(__file__).with_name("cpu_kernels.h"),)
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("cpu_kernels.cpp", "decoder_parts.cpp", "llama_decoder.cpp", "draft_decoder.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.h", "decoder_parts.h"))
 LIBRARY_NAME = "libdflash_cpu_kernels.so"
 # The C++ compiler to use (default: $CXX, else g++).
 COMPILER_ENV = "CXX"

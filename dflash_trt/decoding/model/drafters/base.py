@@ -101,6 +101,8 @@ class DrafterBase(nn.Module):
     proposes_top_k = True
     # A draft call that only takes in context may pass the anchor alone (no drafts, no output head).
     absorb_block = 1
+    # The layers as one native call (native_layers.NativeDraftLayers; set where they apply, for Q8_0 layers).
+    native_layers = None
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -149,8 +151,11 @@ class DrafterBase(nn.Module):
         dtype = self.norm.weight.dtype
         ctx = self.fuse_context(features.to(dtype))
         x = block_embeds.to(dtype)
-        for layer, cache_k, cache_v in zip(self.layers, cache.k, cache.v):
-            x = layer(x, ctx, cache_k, cache_v, cache.lens, ctx_lens, self.rope, block_lens)
+        if self.native_layers is not None and not torch.is_grad_enabled():
+            x = self.native_layers(x, ctx, cache, ctx_lens, block_lens, self.rope)
+        else:
+            for layer, cache_k, cache_v in zip(self.layers, cache.k, cache.v):
+                x = layer(x, ctx, cache_k, cache_v, cache.lens, ctx_lens, self.rope, block_lens)
         cache.lens = cache.lens + ctx_lens
         return self.norm(x)
 

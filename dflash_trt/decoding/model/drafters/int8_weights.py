@@ -58,4 +58,9 @@ def apply_drafter_weights(weights: str, target, drafter) -> bool:
     if weights == "auto" and not (usable and getattr(target, "weights", "float") == "gguf"
                                   and drafter.norm.weight.dtype == torch.float32):
         return False
-    return quantize_linear_layers(drafter) > 0
+    if quantize_linear_layers(drafter) == 0:
+        return False
+    from dflash_trt.decoding.model.drafters.native_layers import NativeDraftLayers
+
+    drafter.native_layers, _ = NativeDraftLayers.build(drafter)  # where it does not apply, the torch layers run
+    return True
