@@ -10,15 +10,6 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-// torch's own vectorized exp (exported by libtorch_cpu): what torch.nn.functional.silu calls on AVX512.
-extern "C" __m512 Sleef_expf16_u10(__m512);
-#define DFLASH_X86 1
-#else
-#define DFLASH_X86 0
-#endif
-
 namespace dflash_cpu {
 namespace {
 

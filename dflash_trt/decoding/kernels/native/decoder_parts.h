@@ -8,6 +8,15 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+// torch's own vectorized exp (exported by libtorch_cpu): what torch.nn.functional.silu calls on AVX512.
+extern "C" __m512 Sleef_expf16_u10(__m512);
+#define DFLASH_X86 1
+#else
+#define DFLASH_X86 0
+#endif
+
 namespace dflash_cpu {
 
 // The widest vector torch's CPU sum kernel uses (floats); rmsNorm's `lanes` is at most this.

@@ -30,14 +30,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-extern "C" __m512 Sleef_expf16_u10(__m512);
-#define DFLASH_X86 1
-#else
-#define DFLASH_X86 0
-#endif
-
 namespace {
 
 using dflash_cpu::kMaxLanes;
