@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -350,3 +351,53 @@ def test_one_slow_plain_step_at_a_new_batch_size_does_not_make_drafting_win_ther
         policy.observe(32, StepPlan(3), 0.110, _accepted(0.45, 3, 32, step))
     assert policy.cost(32, PLAIN) == pytest.approx(2 * 0.0186)
     assert policy.best(32) == PLAIN
+
+
+def cpu_short_chains(batch_size, block_size):
+    """Like the demo pair on one core at batch 1: a plain step 3.5 ms; a chain of k a 1 ms draft call more and
+    0.6 ms per extra token verified. At an acceptance rate of 0.6 chains of 3-5 beat plain decoding by more than the
+    margin and one of 8 (the first step's) loses to it."""
+    extra = 0.0 if block_size == 1 else 0.001 + 0.0006 * batch_size * (block_size - 1)
+    return 0.0035 * batch_size + extra
+
+
+def test_a_policy_that_measured_only_long_chains_still_finds_the_short_one_that_pays():
+    """Its first step and its explorations from plain draft the longest chain, which loses; below the chains measured,
+    costs are flat (an upper bound), so without the line from a plain step to the shortest measured chain every
+    shorter chain looks as dear as the longest and is never tried."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    chosen = _run(policy, cpu_short_chains, 1, rate=0.6, steps=600)
+    value = {size: _true_value(cpu_short_chains, 1, size, 0.6) for size in range(1, MAX_BLOCK + 1)}
+    best = max(value, key=value.get)
+    assert 3 <= best <= 5 and value[best] > 1.1 * value[1] > value[MAX_BLOCK]
+    settled = _settled(policy, chosen, 300)
+    assert sum(size > 1 for size in settled) >= 0.9 * len(settled), Counter(settled)
+    for size in set(settled):
+        assert value[size] >= 0.95 * value[best], Counter(settled)
+
+
+def test_the_short_chain_bound_applies_only_below_the_chains_measured_at_the_batch_size():
+    policy = AdaptiveBlockSize(MAX_BLOCK)
+    policy.observe(1, PLAIN, 0.004, [0])
+    policy.observe(1, StepPlan(8), 0.011, [1])
+    assert policy.cost(1, StepPlan(4)) == pytest.approx(0.004 + 0.007 * 3 / 7)  # the line, below the flat 11 ms
+    policy.observe(1, StepPlan(2), 0.007, [1])
+    assert policy.cost(1, StepPlan(4)) == pytest.approx(0.007 + 0.004 * 2 / 6)  # measured on both sides: StepCosts
+    assert policy.cost(4, StepPlan(4)) == pytest.approx(4 * policy.cost(1, StepPlan(4)))  # no chain measured at 4
+
+
+def test_one_slow_step_moves_a_measured_cost_by_at_most_the_outlier_ratio():
+    """A plain step of one row at 14 ms among ones of 3.5 ms (a garbage collection, say) must not make a chain of 4
+    that does not beat plain by the margin look like it does; a real change still moves the average."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10**9, sizes=(1, 4))
+    for step in range(40):
+        policy.observe(1, PLAIN, 0.0035, [0])
+        policy.observe(1, StepPlan(4), 0.0075, _accepted(0.4, 4, 1, step))
+    assert policy.best(1) == PLAIN
+    policy.observe(1, PLAIN, 0.014, [0])
+    assert policy.cost(1, PLAIN) == pytest.approx(0.0035 * 1.3)
+    assert policy.best(1) == PLAIN
+    costs = StepCosts()
+    for seconds in (0.010, 0.040, 0.040, 0.040, 0.040):
+        costs.observe(1, seconds)
+    assert costs.seconds[1] > 0.025  # a lasting change is followed within a few steps

@@ -14,14 +14,16 @@ tokens per second for the current batch size B:
   steps weigh less (the mix of requests changes).
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
-- cost(B, plan): the measured wall time of past steps, kept separately for plain steps (no drafter call, a moving
-  average per batch size, interpolated between measured sizes, and never more per row than at the nearest smaller
-  measured size: one slow step at a new batch size must not make drafting look cheap there), chain steps and tree steps (per batch size and
-  tokens verified per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest
-  measured ones, so that drafting never looks cheaper at a batch size where it was not measured); a tree never
-  measured is costed as a chain of as many tokens. A drafted plan chosen while plain steps left a backlog of context
-  rows pending carries the cost of taking them in (CatchUpCost, measured by the scheduler apart from the step),
-  spread over `catch_up_horizon` steps.
+- cost(B, plan): the measured wall time of past steps (moving averages, one slow step counting at most twice the
+  average so far), kept separately for plain steps (no drafter call, per batch size, interpolated between
+  measured sizes, and never more per row than at the nearest smaller measured size: one slow step at a new batch
+  size must not make drafting look cheap there), chain steps and tree steps (per batch size and tokens verified
+  per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest measured ones, so that
+  drafting never looks cheaper at a batch size where it was not measured); a tree never measured is costed as a
+  chain of as many tokens; a chain shorter than every chain measured at the batch size costs at most the line from
+  a plain step to the shortest measured one (else a policy that measured only long chains would never try a short
+  one). A drafted plan chosen while plain steps left a backlog of context rows pending carries the cost of taking
+  them in (CatchUpCost, measured by the scheduler apart from the step), spread over `catch_up_horizon` steps.
 - a drafted plan is taken only if its value beats plain decoding's by `draft_margin` (drafting costs more than
   its steps show: newcomers' prompts, catch-ups when switching; near a tie, noise would decide).
 - exploration: the first step drafts a chain of max tokens, the second is plain, each tree budget then runs
@@ -145,15 +147,24 @@ class AcceptanceEstimate:
 
 
 class StepCosts:
-    """Moving averages of step seconds per verified-token count n, for one mode (plain or drafted)."""
+    """Moving averages of step seconds per verified-token count n, for one mode (plain or drafted).
 
-    def __init__(self, smoothing: float = 0.3):
-        self.smoothing = smoothing
+    An observation counts at most `outlier_ratio` times the average so far: a step that a garbage collection, a
+    cache that grew inside it or another process on the core made several times slower would otherwise stand for
+    that step size for many steps (a plain step's cost at 3-4x made drafting look cheap until plain was measured
+    again, which the policy then rarely did). A real change of cost still moves the average, by at most
+    smoothing * (outlier_ratio - 1) per step."""
+
+    def __init__(self, smoothing: float = 0.3, outlier_ratio: float = 2.0):
+        self.smoothing, self.outlier_ratio = smoothing, outlier_ratio
         self.seconds: dict[int, float] = {}
 
     def observe(self, n: int, seconds: float) -> None:
         old = self.seconds.get(n)
-        self.seconds[n] = seconds if old is None else old + self.smoothing * (seconds - old)
+        if old is None:
+            self.seconds[n] = seconds
+        else:
+            self.seconds[n] = old + self.smoothing * (min(seconds, self.outlier_ratio * old) - old)
 
     def __bool__(self) -> bool:
         return bool(self.seconds)
@@ -309,7 +320,24 @@ class AdaptiveBlockSize:
         """A drafted step's seconds before any catch-up (trees costed as chains until a tree ran); None before any
         drafted step ran."""
         costs = self.trees if plan.tree_budget and self.trees else self.drafted
-        return costs.estimate(batch_size, plan.verified_tokens) if costs else None
+        if not costs:
+            return None
+        seconds = costs.estimate(batch_size, plan.verified_tokens)
+        return seconds if plan.tree_budget else min(seconds, self._short_chain_bound(batch_size, plan.block_size))
+
+    def _short_chain_bound(self, batch_size: int, block_size: int) -> float:
+        """A chain shorter than every chain measured at this batch size costs at most the line from a plain step
+        (one token) to the shortest measured chain. Below its measured sizes StepCosts is flat, an upper bound: a
+        policy that measured only long chains (its first step and explorations draft the longest) would rate
+        every shorter chain as dear as those and never try one, even where a short chain pays and a long one does
+        not. The line leaves out the draft call's fixed cost, so it errs low, and the steps it leads to measure
+        the chain; inf where it does not apply."""
+        own = self.drafted.by_batch.get(batch_size)
+        if own is None or not self.plain or any(m <= block_size for m in own.seconds):
+            return math.inf
+        shortest = min(own.seconds)
+        plain = self._plain_cost(batch_size)
+        return plain + max(own.seconds[shortest] - plain, 0.0) * (block_size - 1) / (shortest - 1)
 
     def _plain_cost(self, batch_size: int) -> float:
         """Seconds of a plain step of `batch_size` rows: its estimate, but at most the nearest smaller measured batch
