@@ -103,3 +103,29 @@ def test_training_runs_the_torch_layers():
     assert not calls
     drafter(block, features, torch.tensor([3]), drafter.new_cache(1, 8))
     assert calls
+
+
+def test_a_padded_batch_projects_only_its_real_context_rows():
+    """A catch-up pads every sequence's new context to the longest (zero features): the context projection (fc)
+    sees only the real rows, and the states and cache equal those of projecting the padding too."""
+    drafter = _quantized_drafter()
+    drafter.native_layers, _ = NativeDraftLayers.build(drafter)
+    config = drafter.config
+    ctx_lens = torch.tensor([12, 1, 0, 3])
+    generator = torch.Generator().manual_seed(2)
+    features = torch.randn(4, 12, config.num_target_features * config.hidden_size, generator=generator)
+    features[torch.arange(12)[None, :] >= ctx_lens[:, None]] = 0.0
+    block = torch.randn(4, 4, config.hidden_size, generator=generator)
+    projected = []
+    drafter.fc.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[:-1].numel()))
+    states, caches = {}, {}
+    for name in ("packed", "padded"):
+        if name == "padded":
+            drafter._fused_context = lambda f, lens: drafter.fuse_context(f)
+        caches[name] = drafter.new_cache(4, 32)
+        with torch.inference_mode():
+            states[name] = drafter(block, features, ctx_lens, caches[name])
+    assert projected == [16, 48]
+    assert torch.equal(states["packed"], states["padded"])
+    for mine, theirs in zip(caches["packed"].k + caches["packed"].v, caches["padded"].k + caches["padded"].v):
+        assert torch.equal(mine, theirs)

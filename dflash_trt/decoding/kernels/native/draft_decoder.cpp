@@ -189,9 +189,20 @@ at::Tensor draftDecoder(const at::Tensor& hidden, const at::Tensor& context, at:
     const int64_t qWidth = heads * headDim, kvWidth = kvHeads * headDim;
 
     at::Tensor x = hidden.reshape({blockRows, dModel}).to(at::kFloat).clone();  // the block's residual stream
-    // The k/v projection's input: the block's normed states, then the context rows (the same in every layer).
-    at::Tensor projected = at::empty({blockRows + contextRows, dModel}, x.options());
-    projected.narrow(0, blockRows, contextRows).copy_(context.reshape({contextRows, dModel}));
+    // The k/v projection's input: the block's normed states, then each sequence's new context rows (the same in
+    // every layer), packed: rows past a sequence's count are padding (a catch-up pads every sequence to the longest
+    // backlog), so they are left out. source[r]: the packed row r's index in the [B * C] context.
+    std::vector<int64_t> source;
+    for (int64_t s = 0; s < batch; ++s) {
+        for (int64_t i = 0; i < newRows[s]; ++i) source.push_back(s * numContext + i);
+    }
+    const int64_t realRows = static_cast<int64_t>(source.size());
+    at::Tensor projected = at::empty({blockRows + realRows, dModel}, x.options());
+    const at::Tensor contextIn = context.reshape({contextRows, dModel}).to(at::kFloat).contiguous();
+    for (int64_t r = 0; r < realRows; ++r) {
+        std::memcpy(projected.data_ptr<float>() + (blockRows + r) * dModel,
+                    contextIn.data_ptr<float>() + source[r] * dModel, dModel * sizeof(float));
+    }
     at::Tensor normed = projected.narrow(0, 0, blockRows);
     at::Tensor attended = at::empty({blockRows, qWidth}, x.options());
     at::Tensor activated = at::empty({blockRows, inter}, x.options());
@@ -211,7 +222,7 @@ at::Tensor draftDecoder(const at::Tensor& hidden, const at::Tensor& context, at:
 
         rmsNorm(xp, floats(w[0], dModel, "input_layernorm"), blockRows, dModel, epsilon, vectorLanes, np);
         at::Tensor q = qProj(normed);      // [block rows, heads * head_dim]
-        at::Tensor kv = kvProj(projected);  // [block rows + context rows, k | v]
+        at::Tensor kv = kvProj(projected);  // [block rows + new context rows, k | v]
         float* qp = q.data_ptr<float>();
         float* kvp = kv.data_ptr<float>();
         for (int64_t m = 0; m < blockRows; ++m) {
@@ -221,10 +232,10 @@ at::Tensor draftDecoder(const at::Tensor& hidden, const at::Tensor& context, at:
                 rope(head, bc + m * headDim, bs + m * headDim, headDim);
             }
         }
-        for (int64_t m = 0; m < blockRows + contextRows; ++m) {
-            const bool inBlock = m < blockRows;
-            const float* cosRow = inBlock ? bc + m * headDim : cc + (m - blockRows) * headDim;
-            const float* sinRow = inBlock ? bs + m * headDim : cs + (m - blockRows) * headDim;
+        for (int64_t m = 0; m < blockRows + realRows; ++m) {
+            const int64_t at = m < blockRows ? m : source[m - blockRows];  // the row of its cos/sin
+            const float* cosRow = (m < blockRows ? bc : cc) + at * headDim;
+            const float* sinRow = (m < blockRows ? bs : cs) + at * headDim;
             for (int64_t h = 0; h < kvHeads; ++h) {
                 float* head = kvp + m * 2 * kvWidth + h * headDim;
                 rmsNorm(head, kNorm, 1, headDim, epsilon, vectorLanes, head);
@@ -235,14 +246,13 @@ at::Tensor draftDecoder(const at::Tensor& hidden, const at::Tensor& context, at:
         float* kp = keys[layer].data_ptr<float>();
         float* vp = values[layer].data_ptr<float>();
         const int64_t rowStride = keys[layer].stride(0), headStride = keys[layer].stride(1);
-        for (int64_t s = 0; s < batch; ++s) {
-            for (int64_t i = 0; i < newRows[s]; ++i) {
-                const float* row = kvp + (blockRows + s * numContext + i) * 2 * kvWidth;
-                for (int64_t h = 0; h < kvHeads; ++h) {
-                    const int64_t at = s * rowStride + h * headStride + (cached[s] + i) * headDim;
-                    std::memcpy(kp + at, row + h * headDim, headDim * sizeof(float));
-                    std::memcpy(vp + at, row + kvWidth + h * headDim, headDim * sizeof(float));
-                }
+        for (int64_t r = 0; r < realRows; ++r) {
+            const int64_t s = source[r] / numContext, i = source[r] % numContext;
+            const float* row = kvp + (blockRows + r) * 2 * kvWidth;
+            for (int64_t h = 0; h < kvHeads; ++h) {
+                const int64_t at = s * rowStride + h * headStride + (cached[s] + i) * headDim;
+                std::memcpy(kp + at, row + h * headDim, headDim * sizeof(float));
+                std::memcpy(vp + at, row + kvWidth + h * headDim, headDim * sizeof(float));
             }
         }
         float* ap = attended.data_ptr<float>();

@@ -122,6 +122,22 @@ class DrafterBase(nn.Module):
         """Target features [B,C,K*D] (K layers concatenated) -> context rows [B,C,D]."""
         return self.hidden_norm(self.fc(features))
 
+    def _fused_context(self, features: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """fuse_context of the rows each sequence has (rows >= ctx_lens[b] are padding: zero rows, as fuse_context
+        makes of the zero features that pad them). A catch-up or a group of newcomers pads every sequence to the
+        longest backlog, and `fc` over K target layers is most of what a context row costs, so on CPU, when a
+        quarter or more of the rows are padding, only the real ones are projected. (CUDA keeps the padded call:
+        counting the rows would synchronize, and graph capture cannot.)"""
+        batch, width = features.shape[:2]
+        if features.device.type != "cpu" or batch < 2 or torch.is_grad_enabled():
+            return self.fuse_context(features)
+        if int(ctx_lens.sum()) >= 0.75 * batch * width:
+            return self.fuse_context(features)
+        real = torch.arange(width)[None, :] < ctx_lens[:, None]
+        ctx = features.new_zeros(batch, width, self.config.hidden_size)
+        ctx[real] = self.fuse_context(features[real])
+        return ctx
+
     def embed_block(self, target, block: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of the block, times input_embedding_scale."""
         embeds = target.embed(block)
@@ -149,7 +165,7 @@ class DrafterBase(nn.Module):
             raise ValueError("draft cache too small for the context")  # the decoding loop sizes it
         # The drafter may run in another precision than the target (e.g. bf16 beside a float32 target).
         dtype = self.norm.weight.dtype
-        ctx = self.fuse_context(features.to(dtype))
+        ctx = self._fused_context(features.to(dtype), ctx_lens)
         x = block_embeds.to(dtype)
         if self.native_layers is not None and not torch.is_grad_enabled():
             x = self.native_layers(x, ctx, cache, ctx_lens, block_lens, self.rope)
