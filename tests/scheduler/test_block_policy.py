@@ -386,6 +386,20 @@ def test_the_short_chain_bound_applies_only_below_the_chains_measured_at_the_bat
     assert policy.cost(4, StepPlan(4)) == pytest.approx(4 * policy.cost(1, StepPlan(4)))  # no chain measured at 4
 
 
+def test_cached_values_follow_plain_steps_into_the_short_chain_bound():
+    """The bound's plain end moves with every plain step, which does not invalidate the cached drafted estimates:
+    the values best() compares still equal value()'s."""
+    policy = AdaptiveBlockSize(MAX_BLOCK)
+    policy.observe(1, PLAIN, 0.004, [0])
+    policy.observe(1, StepPlan(8), 0.009, [1])
+    policy.best(1)  # the drafted estimates at batch 1 are cached now
+    for _step in range(5):
+        policy.observe(1, PLAIN, 0.003, [0])
+    values = policy._values(1)
+    for plan in policy.plans:
+        assert values[plan] == pytest.approx(policy.value(1, plan)), plan
+
+
 def test_one_slow_step_moves_a_measured_cost_by_at_most_the_outlier_ratio():
     """A plain step of one row at 14 ms among ones of 3.5 ms (a garbage collection, say) must not make a chain of 4
     that does not beat plain by the margin look like it does; a real change still moves the average."""

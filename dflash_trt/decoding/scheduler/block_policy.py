@@ -264,6 +264,20 @@ class TreeTokens:
         return self.total / self.weight if self.weight else 0.0
 
 
+# (plan, expected tokens, measured step seconds or None, short-chain line or None): AdaptiveBlockSize's cached
+# estimate of one drafted plan at one batch size.
+DraftedEstimate = tuple[StepPlan, float, float | None, tuple[float, float] | None]
+
+
+def _bounded(seconds: float, line: tuple[float, float] | None, plain: float | None) -> float:
+    """A chain's measured seconds, at most the short-chain line from a plain step of `plain` seconds
+    (AdaptiveBlockSize._short_chain_line)."""
+    if line is None or plain is None:
+        return seconds
+    shortest_seconds, fraction = line
+    return min(seconds, plain + max(shortest_seconds - plain, 0.0) * fraction)
+
+
 class AdaptiveBlockSize:
     """The plan of every step from measured step costs and acceptance (see the module docstring)."""
 
@@ -300,17 +314,18 @@ class AdaptiveBlockSize:
         self._exploring: StepPlan | None = None  # the plan of the exploration step under way
         self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
-        # (expected tokens, step seconds before any catch-up) of every drafted plan, per batch size, as of the
-        # drafted steps observed so far: plain steps change neither, so a loaded server deciding to stay plain
+        # (expected tokens, step seconds before any catch-up and before the short-chain bound, that bound's line) of
+        # every drafted plan, per batch size, as of the drafted steps observed so far: plain steps change none of
+        # them (the bound's plain end is applied when values are taken), so a loaded server deciding to stay plain
         # does not re-estimate every drafted plan at every step.
         self._drafted_version = 0
-        self._drafted_cache: dict[int, tuple[int, list[tuple[StepPlan, float, float | None]]]] = {}
+        self._drafted_cache: dict[int, tuple[int, list[DraftedEstimate]]] = {}
 
     def cost(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Seconds of one step of `plan`; a drafted one after a backlog of catch_up_rows context rows carries its
         share of taking them in (the catch-up spread over catch_up_horizon steps)."""
         if plan.block_size == 1:
-            return self._plain_cost(batch_size) if self.plain else None
+            return self._plain_cost(batch_size)
         seconds = self._drafted_seconds(batch_size, plan)
         if seconds is None:
             return None
@@ -319,31 +334,37 @@ class AdaptiveBlockSize:
     def _drafted_seconds(self, batch_size: int, plan: StepPlan) -> float | None:
         """A drafted step's seconds before any catch-up (trees costed as chains until a tree ran); None before any
         drafted step ran."""
-        costs = self.trees if plan.tree_budget and self.trees else self.drafted
-        if not costs:
+        seconds = self._measured_drafted_seconds(batch_size, plan)
+        if seconds is None:
             return None
-        seconds = costs.estimate(batch_size, plan.verified_tokens)
-        return seconds if plan.tree_budget else min(seconds, self._short_chain_bound(batch_size, plan.block_size))
+        return _bounded(seconds, self._short_chain_line(batch_size, plan), self._plain_cost(batch_size))
 
-    def _short_chain_bound(self, batch_size: int, block_size: int) -> float:
+    def _measured_drafted_seconds(self, batch_size: int, plan: StepPlan) -> float | None:
+        """The drafted step costs' estimate for `plan` (BatchStepCosts), before the short-chain bound."""
+        costs = self.trees if plan.tree_budget and self.trees else self.drafted
+        return costs.estimate(batch_size, plan.verified_tokens) if costs else None
+
+    def _short_chain_line(self, batch_size: int, plan: StepPlan) -> tuple[float, float] | None:
         """A chain shorter than every chain measured at this batch size costs at most the line from a plain step
-        (one token) to the shortest measured chain. Below its measured sizes StepCosts is flat, an upper bound: a
-        policy that measured only long chains (its first step and explorations draft the longest) would rate
-        every shorter chain as dear as those and never try one, even where a short chain pays and a long one does
-        not. The line leaves out the draft call's fixed cost, so it errs low, and the steps it leads to measure
-        the chain; inf where it does not apply."""
+        (one token) to the shortest measured chain: (that chain's seconds, (S - 1) / (its length - 1)) for a chain
+        of S, or None where the bound does not apply. Below its measured sizes StepCosts is flat, an upper bound: a
+        policy that measured only long chains (its first step and explorations draft the longest) would rate every
+        shorter chain as dear as those and never try one, even where a short chain pays and a long one does not.
+        The line leaves out the draft call's fixed cost, so it errs low, and the steps it leads to measure the
+        chain."""
         own = self.drafted.by_batch.get(batch_size)
-        if own is None or not self.plain or any(m <= block_size for m in own.seconds):
-            return math.inf
+        if plan.tree_budget or own is None or any(m <= plan.block_size for m in own.seconds):
+            return None
         shortest = min(own.seconds)
-        plain = self._plain_cost(batch_size)
-        return plain + max(own.seconds[shortest] - plain, 0.0) * (block_size - 1) / (shortest - 1)
+        return own.seconds[shortest], (plan.block_size - 1) / (shortest - 1)
 
-    def _plain_cost(self, batch_size: int) -> float:
-        """Seconds of a plain step of `batch_size` rows: its estimate, but at most the nearest smaller measured batch
-        size's scaled by the rows (a step of more rows costs no more per row). One slow step at a new batch size (a
-        cache that grew inside it) would otherwise stand for every plain step there, and make drafting look cheap
-        until plain decoding is explored again."""
+    def _plain_cost(self, batch_size: int) -> float | None:
+        """Seconds of a plain step of `batch_size` rows (None before any plain step ran): its estimate, but at most
+        the nearest smaller measured batch size's scaled by the rows (a step of more rows costs no more per row).
+        One slow step at a new batch size (a cache that grew inside it) would otherwise stand for every plain step
+        there, and make drafting look cheap until plain decoding is explored again."""
+        if not self.plain:
+            return None
         own = self.plain.estimate(batch_size)
         below = [m for m in self.plain.seconds if m < batch_size]
         if not below:
@@ -364,24 +385,26 @@ class AdaptiveBlockSize:
         cost = self.cost(batch_size, plan, catch_up_rows)
         return None if cost is None else self.tokens(plan) / max(cost, 1e-9)
 
-    def _drafted_estimates(self, batch_size: int) -> list[tuple[StepPlan, float, float | None]]:
-        """(plan, tokens, step seconds without catch-up or None) of every drafted plan at `batch_size`."""
+    def _drafted_estimates(self, batch_size: int) -> list[DraftedEstimate]:
+        """(plan, tokens, measured step seconds without catch-up or None, short-chain line or None) of every drafted
+        plan at `batch_size`."""
         cached = self._drafted_cache.get(batch_size)
         if cached is None or cached[0] != self._drafted_version:
-            estimates = [(plan, self.tokens(plan), self._drafted_seconds(batch_size, plan))
-                         for plan in self.plans if plan.block_size > 1]
+            estimates = [(plan, self.tokens(plan), self._measured_drafted_seconds(batch_size, plan),
+                          self._short_chain_line(batch_size, plan)) for plan in self.plans if plan.block_size > 1]
             cached = self._drafted_cache[batch_size] = (self._drafted_version, estimates)
         return cached[1]
 
     def _values(self, batch_size: int, catch_up_rows: int = 0) -> dict[StepPlan, float]:
         """value() of every plan whose mode ran (the same figures, from the cached drafted estimates)."""
         values = {}
-        if 1 in self.sizes and self.plain:
-            values[PLAIN] = 1.0 / max(self._plain_cost(batch_size), 1e-9)
+        plain = self._plain_cost(batch_size)
+        if 1 in self.sizes and plain is not None:
+            values[PLAIN] = 1.0 / max(plain, 1e-9)
         catch_up = self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
-        for plan, tokens, seconds in self._drafted_estimates(batch_size):
+        for plan, tokens, seconds, line in self._drafted_estimates(batch_size):
             if seconds is not None:
-                values[plan] = tokens / max(seconds + catch_up, 1e-9)
+                values[plan] = tokens / max(_bounded(seconds, line, plain) + catch_up, 1e-9)
         return values
 
     def best(self, batch_size: int, catch_up_rows: int = 0) -> StepPlan:
