@@ -26,6 +26,7 @@ from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import LANES, BlockQuantLinear
 from dflash_trt.decoding.kernels.rope import RotaryEmbedding
 from dflash_trt.decoding.model.context_cache import ContextCache
+from dflash_trt.decoding.model.drafters.dflash import DraftLayer
 from dflash_trt.decoding.model.lean_llama import SUM_LANES, block_tensors, norm_lanes
 
 
@@ -83,8 +84,6 @@ class NativeDraftLayers:
 
 def _unsupported(drafter) -> str:
     """Why the native layers cannot run `drafter` ("" when they can)."""
-    from dflash_trt.decoding.model.drafters.dflash import DraftLayer
-
     if drafter.device.type != "cpu" or drafter.norm.weight.dtype != torch.float32:
         return "not a float32 drafter on CPU"
     if drafter.config.attention_bias:
