@@ -72,6 +72,7 @@ class TritonServer:
         self.triton_http_port: int | None = None  # Triton's private port when the guard owns the public one
         self.model_processes: list[procs.ModelProcess] = []
         self._stub_parents: set[int] = set()
+        self._ended = False
 
     @property
     def log(self) -> str:
@@ -225,21 +226,33 @@ class TritonServer:
     def _end(self, drain: bool) -> int | None:
         if self._process is None:
             return None
+        if self._ended:  # stopped already (a caller's clean-up path may ask again): nothing left to wait for
+            return self._process.returncode
         if self._process.poll() is None:
             if drain:
                 self._process.send_signal(signal.SIGTERM)
                 try:
                     self._process.wait(timeout=self.config.exit_timeout_s + EXIT_MARGIN_S)
                 except subprocess.TimeoutExpired:
-                    pass
+                    self._say(f"tritonserver still running {self.config.exit_timeout_s + EXIT_MARGIN_S} s after "
+                              "SIGTERM: killing its processes")
             procs.kill_group(self._process.pid)
             self._process.wait()
         # Members of its group that outlived tritonserver (orphaned model processes) go too.
         procs.kill_group(self._process.pid)
         self._stop_guard()
         self._join_pump()
+        if self._pump is not None and self._pump.is_alive():  # a process outside the group holds the log pipe
+            self._say("the server log is still open 5 s after tritonserver exited; not waiting for it")
         self._clean_up()
+        self._ended = True
         return self._process.returncode
+
+    def _say(self, message: str) -> None:
+        """A line of our own in the server's log, shown on stderr even when the log is not echoed."""
+        with self._lock:
+            self._lines.append(f"dflash-trt: {message}\n")
+        print(f"dflash-trt: {message}", file=sys.stderr, flush=True)
 
     def _stop_guard(self) -> None:
         if self._guard is None:
@@ -249,6 +262,7 @@ class TritonServer:
             try:
                 self._guard.wait(timeout=10)
             except subprocess.TimeoutExpired:
+                self._say("the HTTP guard still running 10 s after SIGTERM: killing it")
                 self._guard.kill()
                 self._guard.wait()
         if self._guard_pump is not None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -143,3 +145,36 @@ def test_a_triton_home_without_a_server_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_TRITON_HOME", str(tmp_path))
     with pytest.raises(ServerError, match="DFLASH_TRITON_HOME=.*no bin/tritonserver"):
         triton_home()
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_drain_and_a_second_stop_waits_for_nothing(
+        tmp_path, monkeypatch, server_config, capfd):
+    """The stop is bounded: a tritonserver still running exit_timeout_s + EXIT_MARGIN_S after SIGTERM is killed
+    with every process of its group, and says so on stderr (also with the log not echoed)."""
+    from dflash_trt.serving.server import EXIT_MARGIN_S
+
+    home = tmp_path / "triton"
+    (home / "bin").mkdir(parents=True)
+    (home / "backends" / "python").mkdir(parents=True)
+    (home / "backends" / "python" / STUB_NAME).write_text("")
+    stubborn = home / "bin" / "tritonserver"
+    stubborn.write_text(f"#!{sys.executable}\nimport signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                        "print('ignoring SIGTERM', flush=True)\ntime.sleep(300)\n")
+    stubborn.chmod(0o755)
+    monkeypatch.setenv("DFLASH_TRITON_HOME", str(home))
+    server = TritonServer(server_config(tmp_path, exit_timeout_s=1, echo=False)).start()
+    while "ignoring SIGTERM" not in server.log:  # its handler is in place before the signal comes
+        assert server.returncode is None, server.log
+        time.sleep(0.05)
+    assert server.stop() == -signal.SIGKILL
+    message = f"tritonserver still running {1 + EXIT_MARGIN_S} s after SIGTERM: killing its processes"
+    assert message in capfd.readouterr().err and message in server.log
+
+    def no_more_waiting(*_):
+        raise AssertionError("a second stop went through the stop again")
+
+    from dflash_trt.serving import model_processes
+
+    monkeypatch.setattr(model_processes, "kill_group", no_more_waiting)
+    monkeypatch.setattr(server, "_stop_guard", no_more_waiting)
+    assert server.stop() == -signal.SIGKILL
