@@ -353,6 +353,31 @@ def test_one_slow_plain_step_at_a_new_batch_size_does_not_make_drafting_win_ther
     assert policy.best(32) == PLAIN
 
 
+def test_one_slow_plain_step_at_a_rarely_seen_batch_size_stands_for_neither_it_nor_the_sizes_around_it():
+    """Measured in process at 16 requests in flight: plain steps of 8 rows at 9.3 ms and of 16 at 19.3 ms, and one of
+    9 rows at 60 ms (9 rows came up once, at the start). Read as it was, it put plain steps of 10-15 rows at 60 ms,
+    and the policy drafted chains of 2-3 at 15 rows (35-48 ms a step for ~1.6 tokens a row), at ~0.9x of plain."""
+    policy = AdaptiveBlockSize(4, explore_every=10**9)
+    for step in range(40):
+        policy.observe(15, StepPlan(2), 0.0345, _accepted(0.52, 2, 15, step))
+        policy.observe(15, StepPlan(3), 0.0477, _accepted(0.52, 3, 15, step))
+        policy.observe(8, PLAIN, 0.00933, [0] * 8)
+        policy.observe(16, PLAIN, 0.0193, [0] * 16)
+    policy.observe(9, PLAIN, 0.0597, [0] * 9)
+    assert policy.cost(9, PLAIN) == pytest.approx(0.00933 * 9 / 8)  # at most the next smaller size's per row
+    for rows in range(10, 16):  # between 9 and 16: at most 16 rows' cost, and at most 8 rows' per row
+        assert policy.cost(rows, PLAIN) <= min(0.0193, 0.00933 * rows / 8) + 1e-12
+    at_16 = min(0.0193, 0.00933 * 16 / 8)  # measured sizes too: 16 rows at most 8 rows' per row
+    assert policy.cost(16, PLAIN) == pytest.approx(at_16)
+    assert policy.cost(32, PLAIN) == pytest.approx(at_16 * 2)  # beyond: at most the largest size's per row
+    assert [policy.best(rows) for rows in (9, 12, 14, 15)] == [PLAIN] * 4
+    # With no smaller size measured, the larger one bounds it: a step of fewer rows costs no more.
+    policy = AdaptiveBlockSize(4, explore_every=10**9)
+    policy.observe(16, PLAIN, 0.0193, [0] * 16)
+    policy.observe(9, PLAIN, 0.0597, [0] * 9)
+    assert policy.cost(9, PLAIN) == policy.cost(12, PLAIN) == pytest.approx(0.0193)
+
+
 def cpu_short_chains(batch_size, block_size):
     """Like the demo pair on one core at batch 1: a plain step 3.5 ms; a chain of k a 1 ms draft call more and
     0.6 ms per extra token verified. At an acceptance rate of 0.6 chains of 3-5 beat plain decoding by more than the

@@ -16,8 +16,9 @@ tokens per second for the current batch size B:
   less); before its first step, the chain's figure for its spine, which it never does worse than.
 - cost(B, plan): the measured wall time of past steps (moving averages, one slow step counting at most twice the
   average so far), kept separately for plain steps (no drafter call, per batch size, interpolated between
-  measured sizes, and never more per row than at the nearest smaller measured size: one slow step at a new batch
-  size must not make drafting look cheap there), chain steps and tree steps (per batch size and tokens verified
+  measured sizes, and every figure, measured or not, at most the next smaller measured size's per row and at most
+  the next larger one's, PlainStepCosts: one slow step at a batch size seen rarely must not make drafting look cheap
+  there or around it), chain steps and tree steps (per batch size and tokens verified
   per sequence, BatchStepCosts: at an unmeasured batch size an upper bound from the nearest measured ones, so that
   drafting never looks cheaper at a batch size where it was not measured); a tree never measured is costed as a
   chain of as many tokens; a chain shorter than every chain measured at the batch size costs at most the line from
@@ -174,21 +175,63 @@ class StepCosts:
         return any(abs(m - n) <= tolerance * n for m in self.seconds)
 
     def estimate(self, n: int) -> float:
-        if n in self.seconds:
-            return self.seconds[n]
-        below = sorted(m for m in self.seconds if m < n)
-        above = sorted(m for m in self.seconds if m > n)
-        if below and above:
-            return self._line(below[-1], above[0], n)
-        points = below[-2:] if below else above[:2]
-        if len(points) == 1:
-            m = points[0]  # one point: cost proportional to tokens above it, flat below it
-            return self.seconds[m] * n / m if n > m else self.seconds[m]
-        return max(self._line(points[0], points[1], n), min(self.seconds[m] for m in points) * 0.5)
+        return _interpolated(self.seconds, n)
 
-    def _line(self, a: int, b: int, n: int) -> float:
-        slope = max((self.seconds[b] - self.seconds[a]) / (b - a), 0.0)
-        return self.seconds[a] + slope * (n - a)
+
+def _interpolated(seconds: dict[int, float], n: int) -> float:
+    """Seconds of a step of n tokens from those measured at other counts: the line between the nearest measured
+    counts around n; beyond them, the line through the nearest two (one point: proportional above it, flat below)."""
+    if n in seconds:
+        return seconds[n]
+    below = sorted(m for m in seconds if m < n)
+    above = sorted(m for m in seconds if m > n)
+
+    def line(a: int, b: int) -> float:
+        return seconds[a] + max((seconds[b] - seconds[a]) / (b - a), 0.0) * (n - a)
+
+    if below and above:
+        return line(below[-1], above[0])
+    points = below[-2:] if below else above[:2]
+    if len(points) == 1:
+        m = points[0]
+        return seconds[m] * n / m if n > m else seconds[m]
+    return max(line(points[0], points[1]), min(seconds[m] for m in points) * 0.5)
+
+
+class PlainStepCosts(StepCosts):
+    """StepCosts of plain steps per batch size, read through two facts of a batched forward: a step of more rows
+    costs no less, and no more per row. Each measured size's figure is bounded by its neighbours' (at most the next
+    smaller size's per row, then at most the next larger size's), and so is an estimate between or beyond them. One
+    slow step at a batch size seen rarely (a cache that grew inside it, another process on the core) would otherwise
+    stand for that size and for the sizes around it: a step of 9 rows at 60 ms, where 8 rows took 9 ms and 16 rows 19
+    ms, made plain steps of 10-15 rows look three times dearer than they were, and the policy drafted there at a loss.
+    Both bounds can only lower plain decoding's estimate, which errs towards decoding plain."""
+
+    def __init__(self, smoothing: float = 0.3, outlier_ratio: float = 2.0):
+        super().__init__(smoothing, outlier_ratio)
+        self._consistent: dict[int, float] | None = None  # the bounded figures, as of the last observation
+
+    def observe(self, n: int, seconds: float) -> None:
+        super().observe(n, seconds)
+        self._consistent = None
+
+    def consistent(self) -> dict[int, float]:
+        """The measured figures per batch size, each bounded by its neighbours' (see the class docstring)."""
+        if self._consistent is None:
+            sizes = sorted(self.seconds)
+            table = dict(self.seconds)
+            for smaller, size in zip(sizes, sizes[1:]):
+                table[size] = min(table[size], table[smaller] * size / smaller)
+            for size, larger in reversed(list(zip(sizes, sizes[1:]))):
+                table[size] = min(table[size], table[larger])
+            self._consistent = table
+        return self._consistent
+
+    def estimate(self, n: int) -> float:
+        table = self.consistent()
+        below = [m for m in table if m < n]
+        own = _interpolated(table, n)
+        return min(own, table[max(below)] * n / max(below)) if below else own
 
 
 class BatchStepCosts:
@@ -303,7 +346,7 @@ class AdaptiveBlockSize:
         trees = [StepPlan(max_block_size, budget) for budget in self.tree_budgets]
         self.plans = sorted(chains + trees, key=lambda plan: (plan.verified_tokens, plan.tree_budget))
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
-        self.plain, self.drafted, self.trees = StepCosts(), BatchStepCosts(), BatchStepCosts()
+        self.plain, self.drafted, self.trees = PlainStepCosts(), BatchStepCosts(), BatchStepCosts()
         self.catch_up = CatchUpCost()
         self.tree_tokens: dict[int, TreeTokens] = {}
         self.decisions = 0
@@ -359,18 +402,8 @@ class AdaptiveBlockSize:
         return own.seconds[shortest], (plan.block_size - 1) / (shortest - 1)
 
     def _plain_cost(self, batch_size: int) -> float | None:
-        """Seconds of a plain step of `batch_size` rows (None before any plain step ran): its estimate, but at most
-        the nearest smaller measured batch size's scaled by the rows (a step of more rows costs no more per row).
-        One slow step at a new batch size (a cache that grew inside it) would otherwise stand for every plain step
-        there, and make drafting look cheap until plain decoding is explored again."""
-        if not self.plain:
-            return None
-        own = self.plain.estimate(batch_size)
-        below = [m for m in self.plain.seconds if m < batch_size]
-        if not below:
-            return own
-        nearest = max(below)
-        return min(own, self.plain.seconds[nearest] * batch_size / nearest)
+        """Seconds of a plain step of `batch_size` rows (PlainStepCosts); None before any plain step ran."""
+        return self.plain.estimate(batch_size) if self.plain else None
 
     def tokens(self, plan: StepPlan) -> float:
         """Expected tokens committed per sequence by one step of `plan`."""
