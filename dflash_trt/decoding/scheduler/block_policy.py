@@ -14,8 +14,9 @@ tokens per second for the current batch size B:
   steps weigh less (the mix of requests changes).
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
-- cost(B, plan): the measured wall time of past steps (moving averages, one slow step counting at most twice the
-  average so far), kept separately for plain steps (no drafter call, per batch size, interpolated between
+- cost(B, plan): the measured wall time of past steps (means of the first few, then moving averages, slower for
+  plain steps, which come often and whose cost moves by tens of percent over a few steps; one slow step counting at
+  most twice the average so far), kept separately for plain steps (no drafter call, per batch size, interpolated between
   measured sizes, and every figure, measured or not, at most the next smaller measured size's per row and at most
   the next larger one's, PlainStepCosts: one slow step at a batch size seen rarely must not make drafting look cheap
   there or around it), chain steps and tree steps (per batch size and tokens verified
@@ -159,13 +160,18 @@ class StepCosts:
     def __init__(self, smoothing: float = 0.3, outlier_ratio: float = 2.0):
         self.smoothing, self.outlier_ratio = smoothing, outlier_ratio
         self.seconds: dict[int, float] = {}
+        self.counts: Counter[int] = Counter()
 
     def observe(self, n: int, seconds: float) -> None:
+        """Fold in one step's seconds: the plain mean of the first 1 / smoothing observations (a first step that
+        was slow for its own reasons weighs 1 / count, not for long), a moving average after them."""
+        self.counts[n] += 1
         old = self.seconds.get(n)
         if old is None:
             self.seconds[n] = seconds
         else:
-            self.seconds[n] = old + self.smoothing * (min(seconds, self.outlier_ratio * old) - old)
+            weight = max(self.smoothing, 1.0 / self.counts[n])
+            self.seconds[n] = old + weight * (min(seconds, self.outlier_ratio * old) - old)
 
     def __bool__(self) -> bool:
         return bool(self.seconds)
@@ -205,9 +211,15 @@ class PlainStepCosts(StepCosts):
     slow step at a batch size seen rarely (a cache that grew inside it, another process on the core) would otherwise
     stand for that size and for the sizes around it: a step of 9 rows at 60 ms, where 8 rows took 9 ms and 16 rows 19
     ms, made plain steps of 10-15 rows look three times dearer than they were, and the policy drafted there at a loss.
-    Both bounds can only lower plain decoding's estimate, which errs towards decoding plain."""
+    Both bounds can only lower plain decoding's estimate, which errs towards decoding plain.
 
-    def __init__(self, smoothing: float = 0.3, outlier_ratio: float = 2.0):
+    Its moving average is slower than a drafted plan's (smoothing 0.1, against 0.3): on a loaded server plain steps
+    come every step, and a plain step's cost moves with the batch's context lengths and the machine's other work by
+    tens of percent over a few steps. With 0.3 such a streak froze a high figure once the policy switched to drafting
+    (plain is then measured again only when it explores): at 4 requests in flight in process, chains of 2 ran for up
+    to 8% of the steps at 0.78x of a plain step's tokens per second."""
+
+    def __init__(self, smoothing: float = 0.1, outlier_ratio: float = 2.0):
         super().__init__(smoothing, outlier_ratio)
         self._consistent: dict[int, float] | None = None  # the bounded figures, as of the last observation
 
