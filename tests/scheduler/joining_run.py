@@ -42,6 +42,9 @@ class CyclingBlockSize:
     def observe_catch_up(self, rows, seconds) -> None:
         pass
 
+    def observe_overhead(self, batch_size, seconds) -> None:
+        pass
+
 
 def oracle_block(references: dict[int, list[int]], drafts: dict[int, list[list[int]]], vocab: int):
     """decoding.draft_block that records every row's drafts (its real slots) by request and then puts the

@@ -31,6 +31,9 @@ class ScriptedPolicy:
     def observe_catch_up(self, rows, seconds):
         self.catch_ups.append(rows)
 
+    def observe_overhead(self, batch_size, seconds):
+        pass
+
 
 def _count_draft_calls(drafter):
     calls = []

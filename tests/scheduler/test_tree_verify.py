@@ -154,6 +154,9 @@ class ScriptedPolicy:
     def observe_catch_up(self, rows, seconds):
         pass
 
+    def observe_overhead(self, batch_size, seconds):
+        pass
+
 
 SWITCHING = [StepPlan(1), StepPlan(BLOCK, 16), StepPlan(BLOCK, 0), StepPlan(3, 32), StepPlan(1), StepPlan(5, 0),
              StepPlan(BLOCK, 32)]

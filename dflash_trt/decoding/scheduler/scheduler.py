@@ -121,6 +121,9 @@ class Scheduler:
         # A group whose prefill finished last step: its first tokens are out, its first decoding step is next.
         self.fresh: RunningBatch | None = None
         self._prefilled_last = False  # the last step prefilled (steps alternate while prompts wait)
+        # When the last decoding step of the running batch ended, while no prefill or first step has run since: the
+        # time from then to the next one is the overhead every step carries (policy.observe_overhead).
+        self._decoded_at: float | None = None
         self._requests: dict[Hashable, Request] = {}
         self._aborted: list[StepOutput] = []
         self._ids = itertools.count()
@@ -192,13 +195,14 @@ class Scheduler:
             # A prefill step: while prompts wait, steps alternate between prefilling and decoding, so that a
             # newcomer's first token waits for at most one decoding step, not for one plus its own prefill.
             outputs += self._prefill_within_budget()
-            self._prefilled_last = True
+            self._prefilled_last, self._decoded_at = True, None
         else:
             if self.running is not None:
                 outputs += self._decode(self.running)
                 self._leave()
             if self.fresh is not None:
                 outputs += self._first_step()
+                self._decoded_at = None
             self._prefilled_last = False
         for out in outputs:
             if out.is_final:
@@ -207,6 +211,8 @@ class Scheduler:
 
     # -- the pieces of a step -------------------------------------------------------------------------
     def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
+        if not first and self._decoded_at is not None and self.drafter is not None:
+            self.policy.observe_overhead(len(batch), time.perf_counter() - self._decoded_at)
         if self.drafter is None:
             plan = PLAIN
         elif first:  # a newcomer group's first step takes the plan of the batch it joins (drafting takes its prompt
@@ -236,6 +242,7 @@ class Scheduler:
                              self._methods[plan.tree_budget])
         if not first:
             self.policy.observe(len(batch), plan, time.perf_counter() - start, report.accepted)
+            self._decoded_at = time.perf_counter()
         return report.outputs
 
     def _backlog(self, batch: RunningBatch) -> int:

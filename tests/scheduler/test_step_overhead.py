@@ -1,0 +1,91 @@
+"""The time between two decoding steps outside them (the caller handling a step's outputs) reaches the policy as
+the overhead every step carries; a prefill or a newcomer's first step in between is not overhead."""
+
+import time
+
+import pytest
+
+from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, StepPlan
+from dflash_trt.decoding.scheduler.scheduler import Scheduler
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+
+CALLER_S = 0.005  # what the caller spends between steps (a lower bound of every overhead observed)
+
+
+class RecordingPolicy:
+    """Plain steps throughout; records what the scheduler reports, in order (a test double)."""
+
+    max_block_size, tree_budgets = 4, []
+
+    def __init__(self):
+        self.events = []
+
+    def choose(self, batch_size, **_):
+        return PLAIN
+
+    def observe(self, batch_size, plan, seconds, accepted):
+        self.events.append(("step", batch_size))
+
+    def observe_catch_up(self, rows, seconds):
+        pass
+
+    def observe_overhead(self, batch_size, seconds):
+        self.events.append(("overhead", batch_size, seconds))
+
+
+def _busy(seconds: float) -> None:
+    """The caller's own work between steps (streaming outputs, say)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        pass
+
+
+def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead():
+    model = make_tiny_target("llama", seed=1)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    policy = RecordingPolicy()
+    scheduler = Scheduler(target, drafter, 4, policy=policy)
+    params = SamplingParams(max_new_tokens=40)
+    scheduler.add_request([3, 4, 5, 6, 7], params)
+    marks = []
+    for index in range(60):
+        if index == 8:
+            scheduler.add_request([9, 10, 11], params)  # its prefill and first step come between decoding steps
+            marks.append(len(policy.events))
+        if not scheduler.has_unfinished:
+            break
+        scheduler.step()
+        _busy(CALLER_S)
+    events = policy.events
+    overheads = [e for e in events if e[0] == "overhead"]
+    assert overheads and all(seconds >= CALLER_S for _, _, seconds in overheads)
+    # Each overhead is followed by the step it preceded, of the same batch.
+    for i, event in enumerate(events):
+        if event[0] == "overhead":
+            assert events[i + 1] == ("step", event[1])
+    # The first observed step follows the group's first step; the two after the newcomer's prefill and first step
+    # follow those: none of the three is preceded by an overhead. Every other step is.
+    steps = [i for i, e in enumerate(events) if e[0] == "step"]
+    unobserved = [i for i in steps if i == 0 or events[i - 1][0] != "overhead"]
+    after_join = [i for i in steps if i >= marks[0]][:2]
+    assert unobserved == [steps[0], *after_join]
+    assert ("step", 2) in events  # the newcomer joined the batch
+
+
+def test_a_per_step_overhead_turns_a_chain_that_ties_with_plain_into_one_that_pays():
+    """One row: a plain step of 3.6 ms against a chain of 4 at 6.4 ms for ~1.8 tokens: ~1.02x, below the margin.
+    With 1.5 ms between steps outside them (served: a step's outputs streamed), plain costs 5.1 ms a token and the
+    chain ~4.4 ms: ~1.16x."""
+    policy = AdaptiveBlockSize(4, explore_every=10**9, sizes=(1, 4))
+    for step in range(40):
+        policy.observe(1, StepPlan(4), 0.0064, [(0, 0, 1, 1, 2)[step % 5]])
+        policy.observe(1, PLAIN, 0.0036, [0])
+    tokens = policy.tokens(StepPlan(4))
+    assert 1.7 < tokens < 1.9
+    assert policy.best(1) == PLAIN
+    for _ in range(20):
+        policy.observe_overhead(1, 0.0015)
+    assert policy.cost(1, PLAIN) == pytest.approx(0.0051) and policy.cost(1, StepPlan(4)) == pytest.approx(0.0079)
+    assert policy.best(1) == StepPlan(4)
