@@ -162,7 +162,7 @@ def test_merge_writes_newcomers_into_spare_rows_or_grows():
     assert row_values(cache, 3, 2, layer=1) == [value(1, p, 1) for p in range(2)]
     wide = make_cache([11], capacity_limit=90)
     cache.merge(wide)
-    assert cache.allocated_rows == 5 and cache.capacity >= 11 and cache.capacity_limit == 90
+    assert cache.allocated_rows == 8 and cache.capacity >= 11 and cache.capacity_limit == 90  # rows grow x2
     assert row_values(cache, 4, 11) == [value(0, p, 0) for p in range(11)]
     assert row_values(cache, 1, 4) == [value(2, p, 0) for p in range(4)]
 
@@ -236,3 +236,31 @@ def test_a_batch_forward_leaves_the_targets_attention_implementation_as_it_was()
     while scheduler.has_unfinished:
         scheduler.step()
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_a_batch_filling_up_one_newcomer_at_a_time_reallocates_a_few_times_not_at_every_join():
+    cache = make_cache([3])
+    reallocations, storage = 0, cache.keys[0].data_ptr()
+    for joined in range(1, 16):
+        cache.merge(make_cache([2 + joined % 3]))
+        if cache.keys[0].data_ptr() != storage:
+            reallocations, storage = reallocations + 1, cache.keys[0].data_ptr()
+    assert len(cache) == 16 and cache.allocated_rows == 16
+    assert reallocations == 4  # 1 -> 2 -> 4 -> 8 -> 16 rows
+    assert row_values(cache, 0, 3) == [value(0, p, 0) for p in range(3)]
+    assert row_values(cache, 15, 2) == [value(0, p, 0) for p in range(2)]
+
+
+def test_release_keeps_capacity_within_twice_the_limit_and_gives_back_beyond():
+    cache = make_cache([3, 30], capacity_limit=64)
+    for _ in range(2):
+        forward(cache, torch.zeros(2, 2))
+        cache.set_lengths(cache.lengths + 2)
+    assert cache.capacity == 60 and cache.width == 34
+    storage = cache.keys[0].data_ptr()
+    cache.release(40)  # the longest-reserving row left: 60 slots is within twice 40, nothing is copied
+    assert cache.capacity == 60 and cache.keys[0].data_ptr() == storage
+    cache.select([0])
+    cache.release(25)  # 60 > 2 x max(25, its 7 slots): given back
+    assert cache.capacity == 25 and cache.allocated_rows == 2
+    assert row_values(cache, 0, 3) == [value(0, p, 0) for p in range(3)]
