@@ -63,7 +63,7 @@ def test_serves_until_sigterm_and_says_where_it_listens(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-    assert "stopping tritonserver (draining for up to 10 s)" in process.stdout.read()
+    assert f"stopping tritonserver (draining for up to {DRAIN_S} s)" in process.stdout.read()
 
 
 def test_a_model_that_cannot_load_makes_serve_fail_with_its_error(tmp_path):

@@ -129,9 +129,8 @@ class DrafterBase(nn.Module):
         quarter or more of the rows are padding, only the real ones are projected. (CUDA keeps the padded call:
         counting the rows would synchronize, and graph capture cannot.)"""
         batch, width = features.shape[:2]
-        if features.device.type != "cpu" or batch < 2 or torch.is_grad_enabled():
-            return self.fuse_context(features)
-        if int(ctx_lens.sum()) >= 0.75 * batch * width:
+        if (features.device.type != "cpu" or batch < 2 or torch.is_grad_enabled()
+                or int(ctx_lens.sum()) >= 0.75 * batch * width):
             return self.fuse_context(features)
         real = torch.arange(width)[None, :] < ctx_lens[:, None]
         ctx = features.new_zeros(batch, width, self.config.hidden_size)
