@@ -12,7 +12,9 @@ Per layer, keys and values live in buffers [rows, heads, capacity, head_dim] of 
 device. Capacity grows geometrically when a row needs more, never past `capacity_limit` (the longest
 reservation of the rows, which the scheduler's max_kv_tokens bounds), so a step costs a write of the new
 tokens, not a copy of the cache. Leaving rows are replaced by moving the rows behind them; newcomers are
-written into spare rows when there is room. Every method runs in inference mode (the buffers are
+written into spare rows when there is room. Growing copies every layer's keys and values, so the scheduler
+tells the cache what room to make (`plan_room`): rows for the batch it expects (a burst of arrivals then
+reallocates once, not at every join), and a bound on rows x slots allocated (its max_kv_tokens). Every method runs in inference mode (the buffers are
 inference tensors, like the prefill's). Buffers start zeroed, so stale slots always hold finite
 values, which the masks then exclude exactly.
 
@@ -101,6 +103,8 @@ class BatchKVCache:
         self.keys, self.values = keys, values  # [rows allocated, H, capacity, D] each
         self.lengths = lengths  # [B] long, on the buffers' device
         self.spec, self.capacity_limit = spec, capacity_limit
+        self.room_rows = 0  # rows to make room for when rows must grow (0: twice the rows allocated), plan_room
+        self.token_limit: int | None = None  # bound on allocated rows x capacity beyond the rows' needs, plan_room
         self._write_index: torch.Tensor | None = None  # [B, T] slots of the tokens of the forward in progress
         self._view_width = 0
 
@@ -251,16 +255,22 @@ class BatchKVCache:
     @torch.inference_mode()
     def release(self, capacity_limit: int) -> None:
         """Lower the capacity limit to what the remaining rows reserve; memory no row can use any more is
-        given back once it is more than the rows need twice over (rows allocated beyond twice the batch, capacity
-        beyond twice the limit). Giving back copies the whole cache, and in a served batch the longest-reserving
+        given back once it is more than the rows need twice over (rows allocated beyond twice the batch and its
+        planned room, capacity beyond twice the limit). Giving back copies the whole cache, and in a served batch the longest-reserving
         row leaves and a newcomer brings the capacity back up every few steps: each such copy is a step of
         0.1-2 s at 32 requests in flight on the demo pair."""
         self.capacity_limit = capacity_limit
         rows = len(self)
-        rows_over = self.allocated_rows > 2 * rows
+        rows_over = self.allocated_rows > 2 * max(rows, self.room_rows)
         if rows_over or self.capacity > 2 * max(capacity_limit, self.width):
             self._reallocate(rows if rows_over else self.allocated_rows,
                              max(min(self.capacity, capacity_limit), self.width))
+
+    def plan_room(self, rows: int, token_limit: int | None) -> None:
+        """How to grow: when rows must grow, make room for `rows` at once (the rows the scheduler expects soon, at
+        most its max_batch_size; `release` keeps them too); allocate at most token_limit rows x slots (its
+        max_kv_tokens) beyond what the rows need (None: no bound)."""
+        self.room_rows, self.token_limit = rows, token_limit
 
     @torch.inference_mode()
     def merge(self, other: "BatchKVCache") -> None:
@@ -271,11 +281,15 @@ class BatchKVCache:
         self.capacity_limit = max(self.capacity_limit, other.capacity_limit)
         width, needed = other.width, mine + theirs
         if self.allocated_rows < needed or self.capacity < width:
-            # Rows grow geometrically: a reallocation copies every layer's keys and values (1.5 GB for 32 rows of
-            # the demo target at 1k slots, a second or two on a small CPU), and a batch filling up one newcomer
-            # group at a time would otherwise pay it at every join.
-            rows = self.allocated_rows if self.allocated_rows >= needed else max(needed, 2 * self.allocated_rows)
-            self._reallocate(rows, max(self.capacity, width))
+            # Rows grow to the planned room, or geometrically: a reallocation copies every layer's keys and values
+            # (0.7 GB for 40 rows of the demo target at 373 slots, 0.1 s alone and over a second in a loaded server
+            # on a small CPU), and a batch filling up one newcomer group at a time would otherwise pay it at every
+            # join.
+            rows = self.allocated_rows
+            if rows < needed:
+                rows = max(needed, self.room_rows or 2 * rows)
+            capacity = max(self.capacity, width)
+            self._reallocate(self._rows_within_limit(rows, capacity, needed), capacity)
         for buffer, source in zip(self.keys + self.values, other.keys + other.values):
             buffer[mine:mine + theirs, :, :width] = source[:theirs, :, :width]
         self.lengths = torch.cat((self.lengths, other.lengths.to(self.lengths.device)))
@@ -284,7 +298,13 @@ class BatchKVCache:
     def _ensure_capacity(self, width: int) -> None:
         if width > self.capacity:
             grown = max(width, min(2 * self.capacity, self.capacity_limit))
-            self._reallocate(self.allocated_rows, grown)
+            self._reallocate(self._rows_within_limit(self.allocated_rows, grown, len(self)), grown)
+
+    def _rows_within_limit(self, rows: int, capacity: int, needed: int) -> int:
+        """`rows`, or fewer where rows x capacity would pass token_limit; never fewer than the `needed` rows."""
+        if self.token_limit is None:
+            return rows
+        return max(needed, min(rows, self.token_limit // max(capacity, 1)))
 
     def _reallocate(self, rows: int, capacity: int) -> None:
         keep_rows, keep_width = min(len(self), rows), min(self.width, capacity)

@@ -380,6 +380,10 @@ class Scheduler:
             self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:
+            # The KV cache makes room for every row in sight when it must grow: a burst of arrivals joins group by
+            # group, and each growth copies the whole cache.
+            expected = min(self.limits.max_batch_size, self.num_running + len(batch) + self.num_waiting)
+            (self.running if self.running is not None else batch).plan_room(expected, self.limits.max_kv_tokens)
             self.running = _joined(self.running, batch)
         return outputs
 

@@ -214,6 +214,11 @@ class RunningBatch:
         if self.draft_cache is not None:
             self.draft_cache.shrink(longest)
 
+    def plan_room(self, rows: int, token_limit: int | None) -> None:
+        """The KV cache makes room for `rows` rows when it must grow, within token_limit rows x slots
+        (BatchKVCache.plan_room)."""
+        self.cache.plan_room(rows, token_limit)
+
     def merge(self, other: "RunningBatch") -> None:
         """Append the rows of `other` (a batch of newcomers) after this batch's rows."""
         self.cache.merge(other.cache)
