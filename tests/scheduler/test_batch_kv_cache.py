@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import oracle_for
 
-from dflash_trt.decoding.model.kv_cache import BatchKVCache, MaskSpec
+from dflash_trt.decoding.model.kv_cache import BatchKVCache, MaskSpec, Room
 from dflash_trt.decoding.model.target import TargetModel
 from dflash_trt.decoding.scheduler.block_policy import FixedBlockSize
 from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
@@ -268,25 +268,53 @@ def test_release_keeps_capacity_within_twice_the_limit_and_gives_back_beyond():
 
 def test_a_planned_room_takes_a_burst_of_joins_in_one_reallocation_and_release_keeps_it():
     cache = make_cache([3])
-    cache.plan_room(16, token_limit=None)
+    cache.plan_room(Room(rows=16, tokens=40))
     reallocations, storage = 0, cache.keys[0].data_ptr()
     for joined in range(1, 16):
         cache.merge(make_cache([2 + joined % 3]))
         if cache.keys[0].data_ptr() != storage:
             reallocations, storage = reallocations + 1, cache.keys[0].data_ptr()
-    assert len(cache) == 16 and cache.allocated_rows == 16 and reallocations == 1
+    assert len(cache) == 16 and reallocations == 1
+    assert (cache.allocated_rows, cache.capacity) == (16, 40)  # the planned rows and reservation, at once
     assert [row_values(cache, row, 2) for row in (0, 7, 15)] == [[value(0, p, 0) for p in range(2)]] * 3
+    for _ in range(10):  # up to 3 + 30 slots: within the planned capacity, nothing moves
+        forward(cache, torch.zeros(16, 3))
+        cache.set_lengths(cache.lengths + 3)
+    assert cache.keys[0].data_ptr() == storage
     cache.select([0, 1, 2])
     cache.release(64)  # 16 rows for 3: more than twice the batch, but the room the scheduler planned
     assert cache.allocated_rows == 16 and cache.keys[0].data_ptr() == storage
-    cache.plan_room(3, token_limit=None)  # the burst is over
+    cache.plan_room(Room(rows=3, tokens=40))  # the burst is over
     cache.release(64)
     assert cache.allocated_rows == 3 and row_values(cache, 2, 3) == [value(0, p, 0) for p in range(3)]
 
 
+def test_rows_still_double_past_an_exact_plan_but_never_past_max_rows():
+    cache = make_cache([3, 3])
+    storages = {cache.keys[0].data_ptr()}
+    for joined in range(3, 8):  # newcomers arrive one at a time: the plan is always the rows after the join
+        cache.plan_room(Room(rows=joined, tokens=10, max_rows=7))
+        cache.merge(make_cache([2]))
+        storages.add(cache.keys[0].data_ptr())
+    assert len(cache) == 7 and cache.allocated_rows == 7 and len(storages) == 3  # 2 -> 4 -> 7 rows
+
+
+def test_release_keeps_the_capacity_planned_for_a_waiting_request():
+    cache = make_cache([3, 3], capacity_limit=10)
+    cache.plan_room(Room(rows=3, tokens=40))  # a request with a reservation of 40 slots waits
+    cache.merge(make_cache([2]))
+    storage = cache.keys[0].data_ptr()
+    assert cache.capacity == 40
+    cache.release(10)  # 40 slots is more than twice the rows' 10, not more than twice the 40 planned
+    assert cache.capacity == 40 and cache.keys[0].data_ptr() == storage
+    cache.plan_room(Room(rows=3, tokens=10))  # it was served elsewhere: the capacity is given back
+    cache.release(10)
+    assert cache.capacity == 10 and row_values(cache, 2, 2) == [value(0, p, 0) for p in range(2)]
+
+
 def test_the_planned_room_stays_within_the_token_limit_but_never_below_the_rows_in_the_batch():
     cache = make_cache([3, 5], capacity_limit=20)  # capacity 10: twice the prefill's width
-    cache.plan_room(32, token_limit=100)
+    cache.plan_room(Room(rows=32, tokens=10, max_tokens=100))
     cache.merge(make_cache([4]))
     assert len(cache) == 3 and (cache.allocated_rows, cache.capacity) == (10, 10)  # 10 x 10 slots, not 32 rows
     for _ in range(3):  # past 10 slots: capacity doubles to the limit, and rows give way to stay within 100
@@ -294,23 +322,25 @@ def test_the_planned_room_stays_within_the_token_limit_but_never_below_the_rows_
         cache.set_lengths(cache.lengths + 2)
     assert (cache.allocated_rows, cache.capacity) == (5, 20)
     assert row_values(cache, 1, 5) == [value(1, p, 0) for p in range(5)]
-    cache.plan_room(32, token_limit=10)  # a limit the batch's own rows pass: they keep their room
+    cache.plan_room(Room(rows=32, tokens=10, max_tokens=10))  # a limit the batch's own rows pass: they keep room
     cache.merge(make_cache([2, 2, 2]))
     assert len(cache) == 6 and cache.allocated_rows == 6 and cache.capacity == 20
 
 
-def test_a_burst_of_requests_grows_the_batchs_rows_once_and_never_past_max_batch_size():
+def test_a_burst_of_requests_grows_the_batchs_cache_once_and_never_past_max_batch_size():
     target = TargetModel(make_tiny_target("llama"))
     limits = SchedulerLimits(max_batch_size=10, prefill_chunk_tokens=16)  # prefilled three prompts a step
     scheduler = Scheduler(target, None, 1, limits, FixedBlockSize(1))
     for request in range(12):
         scheduler.add_request([1 + request, 2, 3, 4, 5], SamplingParams(max_new_tokens=12))
-    allocations = []  # (rows allocated, storage) of the running batch's cache after each step
+    allocations = []  # (rows allocated, capacity) of the running batch's cache at each change of its storage
+    storage = None
     while scheduler.has_unfinished:
         scheduler.step()
-        if scheduler.running is not None:
+        if scheduler.running is not None and scheduler.running.cache.keys[0].data_ptr() != storage:
             cache = scheduler.running.cache
-            if not allocations or allocations[-1] != (cache.allocated_rows, cache.keys[0].data_ptr()):
-                allocations.append((cache.allocated_rows, cache.keys[0].data_ptr()))
-    rows = [allocated for allocated, _ in allocations]
-    assert max(rows) == 10 and rows[:2] == [3, 10]  # the first group's rows, then room for the whole batch
+            storage = cache.keys[0].data_ptr()
+            allocations.append((cache.allocated_rows, cache.capacity))
+    # The first group's prefill (3 rows, twice its 5 slots); then, as the second group joins, room for the whole
+    # batch at its reservation (5 + 12 + 1 slots), which holds to the end.
+    assert allocations == [(3, 10), (10, 18)]

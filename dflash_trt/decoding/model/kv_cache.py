@@ -12,9 +12,10 @@ Per layer, keys and values live in buffers [rows, heads, capacity, head_dim] of 
 device. Capacity grows geometrically when a row needs more, never past `capacity_limit` (the longest
 reservation of the rows, which the scheduler's max_kv_tokens bounds), so a step costs a write of the new
 tokens, not a copy of the cache. Leaving rows are replaced by moving the rows behind them; newcomers are
-written into spare rows when there is room. Growing copies every layer's keys and values, so the scheduler
-tells the cache what room to make (`plan_room`): rows for the batch it expects (a burst of arrivals then
-reallocates once, not at every join), and a bound on rows x slots allocated (its max_kv_tokens). Every method runs in inference mode (the buffers are
+written into spare rows when there is room. Growing copies every layer's keys and values, so the cache grows
+rarely, to the `Room` the scheduler plans: the rows and longest reservation of every request in sight (a burst of
+arrivals then reallocates once, not at every join and again as rows get longer), within max_batch_size rows and
+max_kv_tokens rows x slots. Every method runs in inference mode (the buffers are
 inference tensors, like the prefill's). Buffers start zeroed, so stale slots always hold finite
 values, which the masks then exclude exactly.
 
@@ -70,6 +71,17 @@ def register_grouped_sdpa() -> None:
 
 
 @dataclass(frozen=True)
+class Room:
+    """What the scheduler expects a batch to hold soon: `rows` rows of up to `tokens` slots; never more than
+    max_rows rows or max_tokens rows x slots beyond what the batch's own rows need (None: no bound)."""
+
+    rows: int = 0
+    tokens: int = 0
+    max_rows: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class MaskSpec:
     """How a target's attention masks look: sliding window of its sliding layers (None: none), whether
     the masks go as a {layer type: mask} mapping, boolean or additive, and the model's dtype."""
@@ -103,8 +115,7 @@ class BatchKVCache:
         self.keys, self.values = keys, values  # [rows allocated, H, capacity, D] each
         self.lengths = lengths  # [B] long, on the buffers' device
         self.spec, self.capacity_limit = spec, capacity_limit
-        self.room_rows = 0  # rows to make room for when rows must grow (0: twice the rows allocated), plan_room
-        self.token_limit: int | None = None  # bound on allocated rows x capacity beyond the rows' needs, plan_room
+        self.room = Room()  # what to make room for when the buffers must grow (plan_room)
         self._write_index: torch.Tensor | None = None  # [B, T] slots of the tokens of the forward in progress
         self._view_width = 0
 
@@ -261,16 +272,14 @@ class BatchKVCache:
         0.1-2 s at 32 requests in flight on the demo pair."""
         self.capacity_limit = capacity_limit
         rows = len(self)
-        rows_over = self.allocated_rows > 2 * max(rows, self.room_rows)
-        if rows_over or self.capacity > 2 * max(capacity_limit, self.width):
+        rows_over = self.allocated_rows > 2 * max(rows, self.room.rows)
+        if rows_over or self.capacity > 2 * max(capacity_limit, self.width, self.room.tokens):
             self._reallocate(rows if rows_over else self.allocated_rows,
                              max(min(self.capacity, capacity_limit), self.width))
 
-    def plan_room(self, rows: int, token_limit: int | None) -> None:
-        """How to grow: when rows must grow, make room for `rows` at once (the rows the scheduler expects soon, at
-        most its max_batch_size; `release` keeps them too); allocate at most token_limit rows x slots (its
-        max_kv_tokens) beyond what the rows need (None: no bound)."""
-        self.room_rows, self.token_limit = rows, token_limit
+    def plan_room(self, room: Room) -> None:
+        """What to make room for the next time the buffers must grow (`_grow`); `release` keeps it too."""
+        self.room = room
 
     @torch.inference_mode()
     def merge(self, other: "BatchKVCache") -> None:
@@ -281,15 +290,7 @@ class BatchKVCache:
         self.capacity_limit = max(self.capacity_limit, other.capacity_limit)
         width, needed = other.width, mine + theirs
         if self.allocated_rows < needed or self.capacity < width:
-            # Rows grow to the planned room, or geometrically: a reallocation copies every layer's keys and values
-            # (0.7 GB for 40 rows of the demo target at 373 slots, 0.1 s alone and over a second in a loaded server
-            # on a small CPU), and a batch filling up one newcomer group at a time would otherwise pay it at every
-            # join.
-            rows = self.allocated_rows
-            if rows < needed:
-                rows = max(needed, self.room_rows or 2 * rows)
-            capacity = max(self.capacity, width)
-            self._reallocate(self._rows_within_limit(rows, capacity, needed), capacity)
+            self._grow(needed, width)
         for buffer, source in zip(self.keys + self.values, other.keys + other.values):
             buffer[mine:mine + theirs, :, :width] = source[:theirs, :, :width]
         self.lengths = torch.cat((self.lengths, other.lengths.to(self.lengths.device)))
@@ -297,14 +298,28 @@ class BatchKVCache:
 
     def _ensure_capacity(self, width: int) -> None:
         if width > self.capacity:
-            grown = max(width, min(2 * self.capacity, self.capacity_limit))
-            self._reallocate(self._rows_within_limit(self.allocated_rows, grown, len(self)), grown)
+            self._grow(len(self), width)
 
-    def _rows_within_limit(self, rows: int, capacity: int, needed: int) -> int:
-        """`rows`, or fewer where rows x capacity would pass token_limit; never fewer than the `needed` rows."""
-        if self.token_limit is None:
-            return rows
-        return max(needed, min(rows, self.token_limit // max(capacity, 1)))
+    def _grow(self, rows: int, width: int) -> None:
+        """Reallocate for at least `rows` rows of `width` slots, with room to spare: a reallocation copies every
+        layer's keys and values (0.7 GB for 40 rows of the demo target at 373 slots: 0.1 s alone, up to 1.5 s in a
+        loaded server on a small CPU), so each should be the last for a while.
+
+        Rows at least double, up to the planned rows, within max_rows. Capacity at least doubles up to the longest
+        reservation, and goes to the planned reservation at once, except in a static cache, whose forwards attend
+        over the whole capacity. Rows give way to stay within max_tokens, never below the `rows` needed."""
+        room, grown_rows = self.room, self.allocated_rows
+        if grown_rows < rows:
+            grown_rows = max(room.rows, 2 * grown_rows)
+            grown_rows = max(rows, grown_rows if room.max_rows is None else min(grown_rows, room.max_rows))
+        capacity = max(width, self.capacity)
+        if self.capacity < width:
+            capacity = max(capacity, min(2 * self.capacity, self.capacity_limit))
+        if not self.static_shapes:
+            capacity = max(capacity, room.tokens)
+        if room.max_tokens is not None:
+            grown_rows = max(rows, min(grown_rows, room.max_tokens // max(capacity, 1)))
+        self._reallocate(grown_rows, capacity)
 
     def _reallocate(self, rows: int, capacity: int) -> None:
         keep_rows, keep_width = min(len(self), rows), min(self.width, capacity)

@@ -36,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+from dflash_trt.decoding.model.kv_cache import Room
 from dflash_trt.decoding.model.protocols import Drafter, Target
 from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, BlockSizePolicy, tree_budget_ladder
 from dflash_trt.decoding.scheduler.prefill import PrefillJob, store_answer, store_prefixes
@@ -380,12 +381,21 @@ class Scheduler:
             self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:
-            # The KV cache makes room for every row in sight when it must grow: a burst of arrivals joins group by
-            # group, and each growth copies the whole cache.
-            expected = min(self.limits.max_batch_size, self.num_running + len(batch) + self.num_waiting)
-            (self.running if self.running is not None else batch).plan_room(expected, self.limits.max_kv_tokens)
+            self._plan_room(batch)
             self.running = _joined(self.running, batch)
         return outputs
+
+    def _plan_room(self, newcomers: RunningBatch) -> None:
+        """Before `newcomers` join: the KV cache, when it must grow, makes room for every request in sight (running,
+        joining, being prefilled, waiting; the first max_batch_size of them), so that a burst of arrivals, joining
+        group by group, reallocates it once (each growth copies the whole cache)."""
+        running = self.running.requests if self.running is not None else []
+        prefilling = self.prefill.requests if self.prefill is not None else []
+        in_sight = list(itertools.islice(itertools.chain(running, newcomers.requests, prefilling, self.waiting),
+                                         self.limits.max_batch_size))
+        room = Room(len(in_sight), max(r.reserved_tokens for r in in_sight), self.limits.max_batch_size,
+                    self.limits.max_kv_tokens)
+        (self.running if self.running is not None else newcomers).plan_room(room)
 
 
 def _joined(batch: RunningBatch | None, newcomers: RunningBatch) -> RunningBatch:

@@ -14,7 +14,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from dflash_trt.decoding.model.kv_cache import BatchKVCache
+from dflash_trt.decoding.model.kv_cache import BatchKVCache, Room
 from dflash_trt.decoding.step.results import GenerationResult, StepOutput
 from dflash_trt.decoding.step.sampling import SamplingParams, new_seed
 from dflash_trt.errors import DFlashError
@@ -214,10 +214,9 @@ class RunningBatch:
         if self.draft_cache is not None:
             self.draft_cache.shrink(longest)
 
-    def plan_room(self, rows: int, token_limit: int | None) -> None:
-        """The KV cache makes room for `rows` rows when it must grow, within token_limit rows x slots
-        (BatchKVCache.plan_room)."""
-        self.cache.plan_room(rows, token_limit)
+    def plan_room(self, room: Room) -> None:
+        """What the target's KV cache makes room for when it must grow (BatchKVCache.plan_room)."""
+        self.cache.plan_room(room)
 
     def merge(self, other: "RunningBatch") -> None:
         """Append the rows of `other` (a batch of newcomers) after this batch's rows."""
