@@ -9,15 +9,14 @@ explicit 4D masks (a {layer type: mask} mapping for targets with sliding-window 
 Face models take as they are.
 
 Per layer, keys and values live in buffers [rows, heads, capacity, head_dim] of the model's dtype and
-device. Capacity grows geometrically when a row needs more, never past `capacity_limit` (the longest
-reservation of the rows, which the scheduler's max_kv_tokens bounds), so a step costs a write of the new
-tokens, not a copy of the cache. Leaving rows are replaced by moving the rows behind them; newcomers are
-written into spare rows when there is room. Growing copies every layer's keys and values, so the cache grows
-rarely, to the `Room` the scheduler plans: the rows and longest reservation of every request in sight (a burst of
+device, with room to spare, so a step costs a write of the new tokens, not a copy of the cache. Leaving rows are
+replaced by moving the rows behind them; newcomers are written into spare rows when there is room. Growing
+copies every layer's keys and values, so the cache grows rarely (`_grow`): at least geometrically, and at once
+to the `Room` the scheduler plans, the rows and longest reservation of every request in sight (a burst of
 arrivals then reallocates once, not at every join and again as rows get longer), within max_batch_size rows and
-max_kv_tokens rows x slots. Every method runs in inference mode (the buffers are
-inference tensors, like the prefill's). Buffers start zeroed, so stale slots always hold finite
-values, which the masks then exclude exactly.
+max_kv_tokens rows x slots. Every method runs in inference mode (the buffers are inference tensors, like the
+prefill's). Buffers start zeroed, so stale slots always hold finite values, which the masks then exclude
+exactly.
 
 The object speaks the part of Hugging Face's Cache protocol that decoder layers use (`update`,
 `get_seq_length`). Forwards over it run sdpa targets through `grouped_sdpa` (the GROUPED_SDPA attention
