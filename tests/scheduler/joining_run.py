@@ -14,7 +14,7 @@ from dflash_trt.decoding.step.sampling import SamplingParams
 
 ORDER = [2, 0, 5, 1, 8, 3, 7, 4]  # prompts (of conftest's) in arrival order: lengths 40, 1, 25, 3, 33, 7, 5, 2
 ARRIVALS = {0: ORDER[:2], 3: ORDER[2:3], 5: ORDER[3:5], 9: ORDER[5:6], 12: ORDER[6:8]}  # step -> arriving prompts
-ABORT = (13, 3)  # before this step, abort this prompt's request (mid-decode)
+ABORT = (17, 3)  # before this step, abort this prompt's request (mid-decode)
 BLOCK_SIZES = (8, 8, 5, 1, 8, 3, 8, 2, 1, 1, 8, 6)  # the policy's choices, in turn: widths < 8, plain steps
 VALUE_SCALE = 20.0  # context_sensitive's factor
 

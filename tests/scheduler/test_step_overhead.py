@@ -15,15 +15,17 @@ CALLER_S = 0.005  # what the caller spends between steps (a lower bound of every
 
 
 class RecordingPolicy:
-    """Plain steps throughout; records what the scheduler reports, in order (a test double)."""
+    """Plain steps, and `first_plan` for a newcomer group's first step; records what the scheduler reports, in order
+    (a test double)."""
 
     max_block_size, tree_budgets = 4, []
 
-    def __init__(self):
+    def __init__(self, first_plan: StepPlan = PLAIN):
+        self.first_plan = first_plan
         self.events = []
 
-    def choose(self, batch_size, **_):
-        return PLAIN
+    def choose(self, batch_size, observed=True, **_):
+        return PLAIN if observed else self.first_plan
 
     def observe(self, batch_size, plan, seconds, accepted):
         self.events.append(("step", batch_size))
@@ -42,10 +44,11 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead():
+@pytest.mark.parametrize("first_plan", [PLAIN, StepPlan(4)], ids=["plain-first-step", "drafted-first-step"])
+def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead(first_plan):
     model = make_tiny_target("llama", seed=1)
     target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
-    policy = RecordingPolicy()
+    policy = RecordingPolicy(first_plan)
     scheduler = Scheduler(target, drafter, 4, policy=policy)
     params = SamplingParams(max_new_tokens=40)
     scheduler.add_request([3, 4, 5, 6, 7], params)
@@ -65,12 +68,15 @@ def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead():
     for i, event in enumerate(events):
         if event[0] == "overhead":
             assert events[i + 1] == ("step", event[1])
-    # The first observed step follows the group's first step; the two after the newcomer's prefill and first step
-    # follow those: none of the three is preceded by an overhead. Every other step is.
+    # The first observed step follows the group's first step, and the step after the newcomer's prefill follows
+    # that: neither is preceded by an overhead. A plain first step is the batch's step, of both rows; a drafted one
+    # runs on the newcomer alone, unobserved, and the batch's step after it is not preceded by an overhead either.
+    # Every other step is.
     steps = [i for i, e in enumerate(events) if e[0] == "step"]
     unobserved = [i for i in steps if i == 0 or events[i - 1][0] != "overhead"]
-    after_join = [i for i in steps if i >= marks[0]][:2]
+    after_join = [i for i in steps if i >= marks[0]][:1 if first_plan == PLAIN else 2]
     assert unobserved == [steps[0], *after_join]
+    assert events[after_join[0]] == ("step", 2 if first_plan == PLAIN else 1)
     assert ("step", 2) in events  # the newcomer joined the batch
 
 

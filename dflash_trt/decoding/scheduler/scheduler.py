@@ -13,8 +13,9 @@ of S tokens or a tree of B nodes, block_policy.py);
 then the prefill of waiting requests computes at most `prefill_chunk_tokens` tokens (a group that finishes
 with budget left lets the next one start), so a long prompt stalls the running streams by a bounded amount per
 step. A prefilled group's first tokens are returned by the step that finishes its prefill; the next step gives the
-group its first decoding step on its own (so the drafter takes in its prompt without widening the whole batch),
-and then it joins the running batch. Plain steps leave the drafter alone: the target features they record wait, by
+group its first decoding step: a plain one with the running batch, which the group joins first (the prompt stays
+pending either way, and a step of its own would read every weight once more); a drafted one on the group alone (so
+the drafter takes in its prompt without widening the whole batch), after which it joins. Plain steps leave the drafter alone: the target features they record wait, by
 reference, for the next drafted step, which first catches the drafter up (timed apart, for the policy); only past
 `max_pending_features` context rows does the drafter take them in while the batch decodes plain, so rows that finish
 while a loaded server decodes plain never pay for the drafter. Requests are admitted in arrival order while the
@@ -38,7 +39,8 @@ from typing import Hashable, Sequence
 
 from dflash_trt.decoding.model.kv_cache import Room
 from dflash_trt.decoding.model.protocols import Drafter, Target
-from dflash_trt.decoding.scheduler.block_policy import PLAIN, AdaptiveBlockSize, BlockSizePolicy, tree_budget_ladder
+from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AdaptiveBlockSize, BlockSizePolicy, StepPlan,
+                                                         tree_budget_ladder)
 from dflash_trt.decoding.scheduler.prefill import PrefillJob, store_answer, store_prefixes
 from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache, PrefixHit
 from dflash_trt.decoding.step.batch import Request, RunningBatch
@@ -198,11 +200,18 @@ class Scheduler:
             outputs += self._prefill_within_budget()
             self._prefilled_last, self._decoded_at = True, None
         else:
+            first_plan = None
+            if self.fresh is not None:
+                self.fresh.drop_finished()  # aborted since its prefill
+                first_plan = self._first_step_plan(self.fresh) if self.fresh.requests else PLAIN
+                if self._first_step_with_the_batch(first_plan):
+                    self._join(self.fresh)
+                    self.fresh = None
             if self.running is not None:
                 outputs += self._decode(self.running)
                 self._leave()
             if self.fresh is not None:
-                outputs += self._first_step()
+                outputs += self._first_step(first_plan)
                 self._decoded_at = None
             self._prefilled_last = False
         for out in outputs:
@@ -211,18 +220,16 @@ class Scheduler:
         return outputs
 
     # -- the pieces of a step -------------------------------------------------------------------------
-    def _decode(self, batch: RunningBatch, first: bool = False) -> list[StepOutput]:
+    def _decode(self, batch: RunningBatch, first_plan: StepPlan | None = None) -> list[StepOutput]:
+        """A decoding step of `batch`; first_plan: the plan of a newcomer group's first step (_first_step_plan),
+        which the policy does not learn from."""
+        first = first_plan is not None
         if not first and self._decoded_at is not None and self.drafter is not None:
             self.policy.observe_overhead(len(batch), time.perf_counter() - self._decoded_at)
         if self.drafter is None:
             plan = PLAIN
-        elif first:  # a newcomer group's first step takes the plan of the batch it joins (drafting takes its prompt
-            # in while it is alone); the policy does not learn from it. Drafting there would first catch up what plain
-            # steps left pending in the running rows (the group's own prompt is taken in either way).
-            rows = len(batch) + self.num_running
-            backlog = self._backlog(self.running) if self.running is not None else 0
-            plan = self.policy.choose(rows, catch_up_rows=backlog and rows * self.running.pending_features,
-                                      observed=False)
+        elif first:
+            plan = first_plan
         else:
             plan = self.policy.choose(len(batch), catch_up_rows=self._backlog(batch))
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
@@ -362,17 +369,16 @@ class Scheduler:
             self.fresh = _joined(self.fresh, batch)
         return outputs
 
-    def _first_step(self) -> list[StepOutput]:
+    def _first_step(self, plan: StepPlan) -> list[StepOutput]:
         """The prefilled group's first decoding step, then it joins the running batch. The step runs on the group
         alone: a drafted one takes in the whole prompt while the group is alone; a plain one leaves it pending, unless
         the joined batch's backlog would then pass the bound (a long prompt: a catch-up would pad every row to it), in
         which case the group takes it in now, alone. It is not a typical step, so the policy does not learn its
-        cost."""
+        cost. plan: _first_step_plan's."""
         batch, self.fresh = self.fresh, None
-        batch.drop_finished()  # aborted since its prefill
         outputs = []
         if batch.requests:
-            outputs += self._decode(batch, first=True)
+            outputs += self._decode(batch, first_plan=plan)
             running = self.running if self.running is not None and self.running.requests else None
             joined_rows = len(batch) + (len(running) if running else 0)
             joined_width = max(batch.pending_features, running.pending_features if running else 0)
@@ -381,9 +387,37 @@ class Scheduler:
             self._store_answers(batch)
             batch.drop_finished()
         if batch.requests:
-            self._plan_room(batch)
-            self.running = _joined(self.running, batch)
+            self._join(batch)
         return outputs
+
+    def _first_step_plan(self, group: RunningBatch) -> StepPlan:
+        """The plan of a prefilled group's first step: the plan of the batch it joins (drafting takes its prompt in
+        while it is alone). Drafting there would first catch up what plain steps left pending in the running rows
+        (the group's own prompt is taken in either way)."""
+        if self.drafter is None:
+            return PLAIN
+        running = self.running
+        rows = len(group) + (len(running) if running is not None else 0)
+        backlog = self._backlog(running) if running is not None else 0
+        return self.policy.choose(rows, catch_up_rows=backlog and rows * running.pending_features, observed=False)
+
+    def _first_step_with_the_batch(self, plan: StepPlan) -> bool:
+        """Whether the prefilled group joins the running batch before its first step and takes that step with it: a
+        plain first step leaves the group's prompt pending either way, and on its own it would read every weight
+        once more (at 4 requests in flight, requests that finish at different steps are prefilled one by one, and
+        each paid a plain step alone). A drafted first step, or a plain one whose joined backlog would pass the
+        bound (the group then takes its prompt in alone), runs on the group alone (_first_step)."""
+        fresh, running = self.fresh, self.running
+        if plan.block_size != 1 or running is None or not fresh.requests:
+            return False
+        rows = len(fresh) + len(running)
+        joined_width = max(fresh.pending_features, running.pending_features) + 1  # + the step's own feature row
+        return not self._over_feature_bound(rows * joined_width)
+
+    def _join(self, newcomers: RunningBatch) -> None:
+        """`newcomers` join the running batch (they become it when there is none)."""
+        self._plan_room(newcomers)
+        self.running = _joined(self.running, newcomers)
 
     def _plan_room(self, newcomers: RunningBatch) -> None:
         """Before `newcomers` join: the KV cache, when it must grow, makes room for every request in sight (running,

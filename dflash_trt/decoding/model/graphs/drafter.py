@@ -11,7 +11,7 @@ changes: leaving sequences are compacted in place (the last rows take their plac
 spare rows. Only when the buffers must move (a join past the spare rows, a longer reservation, or memory given
 back: rows beyond twice the batch, capacity no row can reach) are they reallocated, and the draft steps built on
 them dropped (a captured graph holds their addresses). As in GraphedVerifier, a step's first run is eager and its
-second captures it, so shapes seen once (a prefilled group's first step before it joins) never pay a capture.
+second captures it, so shapes seen once (a prefilled group's drafted first step before it joins) never pay a capture.
 
 What runs eagerly on the same caches: a prefill or a context backlog wider than the padding, and a ragged batch
 (a row's shortened last block, `block_lens`): the CUDA kernels take full blocks only. Without CUDA (or with

@@ -7,7 +7,7 @@ counts): shapes depend on (batch bucket, block size or tree bucket, capacity) on
 host. On CUDA, the second run of a (bucket, block size, feature layers) on the same buffers captures it in a CUDA
 graph and every later one replays it: the whole target forward (embedding, every layer's projections, the
 scatter of K/V, attention, MLPs, the head) becomes one launch. The first run stays eager, so shapes seen once (a
-prefilled group's first step before it joins the running batch, a block size the policy tries once) never pay a
+prefilled group's drafted first step before it joins the running batch, a block size the policy tries once) never pay a
 capture. All graphs share one memory pool; each replay's outputs are copied out at once (another graph's replay
 may reuse that memory), the live rows only. Without CUDA (or with graphs=False) the static path runs eagerly,
 which is how it is tested on CPU.
