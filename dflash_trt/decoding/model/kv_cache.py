@@ -266,9 +266,9 @@ class BatchKVCache:
     def release(self, capacity_limit: int) -> None:
         """Lower the capacity limit to what the remaining rows reserve; memory no row can use any more is
         given back once it is more than the rows need twice over (rows allocated beyond twice the batch and its
-        planned room, capacity beyond twice the limit). Giving back copies the whole cache, and in a served batch the longest-reserving
-        row leaves and a newcomer brings the capacity back up every few steps: each such copy is a step of
-        0.1-2 s at 32 requests in flight on the demo pair."""
+        planned room, capacity beyond twice the limit and the planned reservation). Giving back copies the whole
+        cache, and in a served batch the longest-reserving row leaves and a newcomer brings the capacity back up
+        every few steps: each such copy is a step of 0.1-2 s at 32 requests in flight on the demo pair."""
         self.capacity_limit = capacity_limit
         rows = len(self)
         rows_over = self.allocated_rows > 2 * max(rows, self.room.rows)

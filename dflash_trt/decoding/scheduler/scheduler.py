@@ -15,10 +15,11 @@ with budget left lets the next one start), so a long prompt stalls the running s
 step. A prefilled group's first tokens are returned by the step that finishes its prefill; the next step gives the
 group its first decoding step: a plain one with the running batch, which the group joins first (the prompt stays
 pending either way, and a step of its own would read every weight once more); a drafted one on the group alone (so
-the drafter takes in its prompt without widening the whole batch), after which it joins. Plain steps leave the drafter alone: the target features they record wait, by
-reference, for the next drafted step, which first catches the drafter up (timed apart, for the policy); only past
-`max_pending_features` context rows does the drafter take them in while the batch decodes plain, so rows that finish
-while a loaded server decodes plain never pay for the drafter. Requests are admitted in arrival order while the
+the drafter takes in its prompt without widening the whole batch), after which it joins. Plain steps leave the
+drafter alone: the target features they record wait, by reference, for the next drafted step, which first catches
+the drafter up (timed apart, for the policy); only past `max_pending_features` context rows does the drafter take
+them in while the batch decodes plain, so rows that finish while a loaded server decodes plain never pay for the
+drafter. Requests are admitted in arrival order while the
 batch has fewer than `max_batch_size` rows and rows x longest reservation (prompt + max_new_tokens + block) stays
 within `max_kv_tokens`, which bounds the KV cache of target and drafter under any load. With a prefix cache
 (prefix_cache.py), a prompt that starts with cached blocks is prefilled alone from the end of its hit, and every
@@ -370,11 +371,12 @@ class Scheduler:
         return outputs
 
     def _first_step(self, plan: StepPlan) -> list[StepOutput]:
-        """The prefilled group's first decoding step, then it joins the running batch. The step runs on the group
-        alone: a drafted one takes in the whole prompt while the group is alone; a plain one leaves it pending, unless
-        the joined batch's backlog would then pass the bound (a long prompt: a catch-up would pad every row to it), in
-        which case the group takes it in now, alone. It is not a typical step, so the policy does not learn its
-        cost. plan: _first_step_plan's."""
+        """The prefilled group's first decoding step on its own, then it joins the running batch (a plain first step
+        with a batch to join is that batch's step instead, _first_step_with_the_batch). A drafted one takes in the
+        whole prompt while the group is alone; a plain one leaves it pending, unless the joined batch's backlog
+        would then pass the bound (a long prompt: a catch-up would pad every row to it), in which case the group
+        takes it in now, alone. It is not a typical step, so the policy does not learn its cost. plan:
+        _first_step_plan's."""
         batch, self.fresh = self.fresh, None
         outputs = []
         if batch.requests:
