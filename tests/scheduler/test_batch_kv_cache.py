@@ -238,13 +238,19 @@ def test_a_batch_forward_leaves_the_targets_attention_implementation_as_it_was()
     assert target.config._attn_implementation == "sdpa"
 
 
-def test_a_batch_filling_up_one_newcomer_at_a_time_reallocates_a_few_times_not_at_every_join():
-    cache = make_cache([3])
+def join_one_at_a_time(cache: BatchKVCache, newcomers: int) -> int:
+    """Merge `newcomers` single rows (2-4 positions each) into the cache; returns how many times it reallocated."""
     reallocations, storage = 0, cache.keys[0].data_ptr()
-    for joined in range(1, 16):
+    for joined in range(1, newcomers + 1):
         cache.merge(make_cache([2 + joined % 3]))
         if cache.keys[0].data_ptr() != storage:
             reallocations, storage = reallocations + 1, cache.keys[0].data_ptr()
+    return reallocations
+
+
+def test_a_batch_filling_up_one_newcomer_at_a_time_reallocates_a_few_times_not_at_every_join():
+    cache = make_cache([3])
+    reallocations = join_one_at_a_time(cache, 15)
     assert len(cache) == 16 and cache.allocated_rows == 16
     assert reallocations == 4  # 1 -> 2 -> 4 -> 8 -> 16 rows
     assert row_values(cache, 0, 3) == [value(0, p, 0) for p in range(3)]
@@ -269,11 +275,8 @@ def test_release_keeps_capacity_within_twice_the_limit_and_gives_back_beyond():
 def test_a_planned_room_takes_a_burst_of_joins_in_one_reallocation_and_release_keeps_it():
     cache = make_cache([3])
     cache.plan_room(Room(rows=16, tokens=40))
-    reallocations, storage = 0, cache.keys[0].data_ptr()
-    for joined in range(1, 16):
-        cache.merge(make_cache([2 + joined % 3]))
-        if cache.keys[0].data_ptr() != storage:
-            reallocations, storage = reallocations + 1, cache.keys[0].data_ptr()
+    reallocations = join_one_at_a_time(cache, 15)
+    storage = cache.keys[0].data_ptr()
     assert len(cache) == 16 and reallocations == 1
     assert (cache.allocated_rows, cache.capacity) == (16, 40)  # the planned rows and reservation, at once
     assert [row_values(cache, row, 2) for row in (0, 7, 15)] == [[value(0, p, 0) for p in range(2)]] * 3

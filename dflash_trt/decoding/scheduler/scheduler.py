@@ -381,10 +381,7 @@ class Scheduler:
         outputs = []
         if batch.requests:
             outputs += self._decode(batch, first_plan=plan)
-            running = self.running if self.running is not None and self.running.requests else None
-            joined_rows = len(batch) + (len(running) if running else 0)
-            joined_width = max(batch.pending_features, running.pending_features if running else 0)
-            if batch.pending_features and self._over_feature_bound(joined_rows * joined_width):
+            if batch.pending_features and self._over_feature_bound(self._joined_backlog(batch)):
                 absorb_context(self.target, self.drafter, batch)
             self._store_answers(batch)
             batch.drop_finished()
@@ -409,12 +406,16 @@ class Scheduler:
         once more (at 4 requests in flight, requests that finish at different steps are prefilled one by one, and
         each paid a plain step alone). A drafted first step, or a plain one whose joined backlog would pass the
         bound (the group then takes its prompt in alone), runs on the group alone (_first_step)."""
-        fresh, running = self.fresh, self.running
-        if plan.block_size != 1 or running is None or not fresh.requests:
+        if plan.block_size != 1 or self.running is None or not self.fresh.requests:
             return False
-        rows = len(fresh) + len(running)
-        joined_width = max(fresh.pending_features, running.pending_features) + 1  # + the step's own feature row
-        return not self._over_feature_bound(rows * joined_width)
+        return not self._over_feature_bound(self._joined_backlog(self.fresh, ahead=1))  # + the step's own feature row
+
+    def _joined_backlog(self, group: RunningBatch, ahead: int = 0) -> int:
+        """Context rows a catch-up would compute once `group` joined the running batch (rows x the longest backlog),
+        with `ahead` more feature rows per row than now."""
+        running = self.running if self.running is not None and self.running.requests else None
+        rows = len(group) + (len(running) if running else 0)
+        return rows * (max(group.pending_features, running.pending_features if running else 0) + ahead)
 
     def _join(self, newcomers: RunningBatch) -> None:
         """`newcomers` join the running batch (they become it when there is none)."""
