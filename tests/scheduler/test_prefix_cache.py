@@ -1,8 +1,9 @@
 """The prefix cache (scheduler/prefix_cache.py): a request that reuses cached prompt blocks gets exactly what it
 gets without the cache: the same tokens, the same acceptance lengths and the same drafts at every step (the
-drafter's context is the full prefill's), for Llama, sliding-window Qwen3 and gpt-oss targets with DFlash,
-DFlash2 and sliding-window drafters; whole and partial block chains, a hit while the blocks' owner still runs, a
-multi-turn prompt that extends an earlier one; eviction keeps the cache within its bytes; a stale block breaks it.
+drafter's context is the full prefill's), for Llama (also at GGUF precision, where a request alone is prefilled
+by the native decoder), sliding-window Qwen3 and gpt-oss targets with DFlash, DFlash2 and sliding-window drafters;
+whole and partial block chains, a hit while the blocks' owner still runs, a multi-turn prompt that extends an earlier
+one; eviction keeps the cache within its bytes; a stale block breaks it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.step import step as decoding
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.errors import DFlashError
-from dflash_trt.testing import make_tiny_drafter, make_tiny_target
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target, quantize_like_q4_1
 
 BLOCK = 8
 BLOCK_TOKENS = 16
@@ -29,6 +30,13 @@ ARRIVALS = {0: [0], 2: [1], 4: [2], 6: [3], 7: [4]}  # step -> requests arriving
 
 
 def family_target(family: str) -> TargetModel:
+    if family == "llama-gguf":  # at GGUF precision: a request alone is prefilled by the native decoder
+        model = make_tiny_target("llama", seed=4)
+        quantize_like_q4_1(model)
+        target = TargetModel(model)
+        target.use_rowwise_attention()
+        assert target.use_lean_forward() == ""
+        return target
     if family == "qwen3-sliding":
         return TargetModel(make_tiny_target("qwen3", seed=4, use_sliding_window=True, sliding_window=6,
                                             layer_types=["sliding_attention", "full_attention"] * 3))
@@ -95,7 +103,7 @@ def drafter_for(target, kind: str, tmp_path):
     return context_sensitive(drafter) if kind != "dflash2" else drafter
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3-sliding", "gpt_oss"])
+@pytest.fixture(scope="module", params=["llama", "llama-gguf", "qwen3-sliding", "gpt_oss"])
 def family(request):
     target = family_target(request.param)
     return target, make_prompts(target)

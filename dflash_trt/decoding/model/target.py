@@ -119,6 +119,20 @@ class TargetModel:
         from transformers import DynamicCache
         return DynamicCache()
 
+    def empty_batch_cache(self, rows: int, capacity: int, capacity_limit: int) -> BatchKVCache:
+        """A decoding cache of `rows` empty rows with `capacity` slots each (growing up to capacity_limit), in the
+        dtype and on the device the model's forwards write its keys and values."""
+        embedding = self.model.get_input_embeddings().weight
+        spec = MaskSpec.from_config(self.config, embedding.dtype)
+        heads = self.config.num_key_value_heads
+        head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+
+        def buffers() -> list[torch.Tensor]:
+            return [embedding.new_zeros(rows, heads, capacity, head_dim) for _ in range(self.num_layers)]
+
+        lengths = torch.zeros(rows, dtype=torch.long, device=embedding.device)
+        return BatchKVCache(buffers(), buffers(), lengths, spec, capacity_limit)
+
     def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int,
                     cache_type: type[BatchKVCache] = BatchKVCache) -> BatchKVCache:
         """The decoding cache of a prefilled group: rows of `prefill_cache` (a cache from new_cache, rows

@@ -1,0 +1,83 @@
+"""A request prefilled alone on a target with the native decoder (scheduler/prefill.py, model/lean_llama.py): over
+a decoding cache from the start, whole or in chunks, from a prefix hit or not, it gives the logits, keys, values and
+features of transformers' forward over a padded cache, bit for bit. (The prefix-cache tests run such a target too,
+and the quantized targets' greedy tests compare it with batched prefills through transformers' forward.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_trt.decoding.model.target import TargetModel
+from dflash_trt.decoding.scheduler.prefill import PrefillJob
+from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache
+from dflash_trt.decoding.step.batch import Request
+from dflash_trt.decoding.step.sampling import SamplingParams
+from dflash_trt.testing import make_tiny_target, quantize_like_q4_1
+
+FEATURE_LAYERS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def targets():
+    """(the target with the native decoder, the same model through transformers' forward alone)."""
+    model = make_tiny_target("llama", seed=3)
+    quantize_like_q4_1(model)
+    native, padded = TargetModel(model), TargetModel(model)
+    for target in (native, padded):
+        target.use_rowwise_attention()
+    assert native.use_lean_forward() == "" and padded.lean is None
+    return native, padded
+
+
+def prompt(length: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 250, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def prefill(target, prompts: list[list[int]], chunk: int | None, hit=None) -> PrefillJob:
+    requests = [Request(i, p, SamplingParams(max_new_tokens=8), 4) for i, p in enumerate(prompts)]
+    job = PrefillJob(target, None, requests, FEATURE_LAYERS, hit)
+    while not job.is_done:
+        job.advance(chunk)
+    return job
+
+
+def assert_same_prefill(direct: PrefillJob, padded: PrefillJob) -> None:
+    assert direct.direct and not padded.direct
+    assert torch.equal(direct._last_logits, padded._last_logits)
+    assert torch.equal(direct.features(), padded.features())
+    for mine, theirs in zip(direct.prompt_kv(0), padded.prompt_kv(0)):
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a, b)
+    (batch, outputs), (padded_batch, padded_outputs) = direct.finish(40), padded.finish(40)
+    assert [o.new_token_ids for o in outputs] == [o.new_token_ids for o in padded_outputs]
+    assert torch.equal(batch.cache.lengths, padded_batch.cache.lengths)
+    length = int(batch.cache.lengths[0])
+    for mine, theirs in zip(batch.cache.keys + batch.cache.values, padded_batch.cache.keys + padded_batch.cache.values):
+        assert torch.equal(mine[:1, :, :length], theirs[:1, :, :length])
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_a_request_alone_is_prefilled_by_the_native_decoder_with_the_same_bits(targets, chunk):
+    native, padded = targets
+    request_prompt = prompt(23)
+    assert_same_prefill(prefill(native, [request_prompt], chunk), prefill(padded, [request_prompt], chunk))
+
+
+def test_a_prefix_hit_starts_the_native_prefill_from_the_cached_blocks(targets):
+    native, padded = targets
+    cache = PrefixCache(max_bytes=1 << 30, block_tokens=8)
+    first = prompt(19)
+    job = prefill(native, [first], None)
+    keys, values = job.prompt_kv(0)
+    cache.insert(first, keys, values, job.features()[0])
+    second = first[:17] + prompt(6, seed=1)
+    hit = cache.match(second)
+    assert hit.num_tokens == 16
+    assert_same_prefill(prefill(native, [second], 4, hit), prefill(padded, [second], None))
+
+
+def test_a_group_keeps_transformers_forward(targets):
+    native, _ = targets
+    job = prefill(native, [prompt(7), prompt(9, seed=2)], None)
+    assert not job.direct and len(job.finish(40)[1]) == 2
