@@ -1,7 +1,8 @@
-"""A request prefilled alone on a target with the native decoder (scheduler/prefill.py, model/lean_llama.py): over
-a decoding cache from the start, whole or in chunks, from a prefix hit or not, it gives the logits, keys, values and
-features of transformers' forward over a padded cache, bit for bit. (The prefix-cache tests run such a target too,
-and the quantized targets' greedy tests compare it with batched prefills through transformers' forward.)"""
+"""Prefill on a target with the native decoder (scheduler/prefill.py, model/lean_llama.py): right-padded prompts
+over a decoding cache from the start, alone or as a ragged group, whole or in chunks, from a prefix hit or not, give
+the logits, keys, values, features and first tokens of transformers' forward over a left-padded cache, bit for bit.
+(The prefix-cache tests run such a target too, and the quantized targets' greedy tests compare its DFlash output with
+plain decoding.)"""
 
 from __future__ import annotations
 
@@ -45,16 +46,20 @@ def prefill(target, prompts: list[list[int]], chunk: int | None, hit=None) -> Pr
 def assert_same_prefill(direct: PrefillJob, padded: PrefillJob) -> None:
     assert direct.direct and not padded.direct
     assert torch.equal(direct._last_logits, padded._last_logits)
-    assert torch.equal(direct.features(), padded.features())
-    for mine, theirs in zip(direct.prompt_kv(0), padded.prompt_kv(0)):
-        for a, b in zip(mine, theirs):
-            assert torch.equal(a, b)
+    features, padded_features = direct.features(), padded.features()
+    for row, request in enumerate(direct.requests):
+        length = len(request.prompt)
+        assert torch.equal(features[row, :length], padded_features[row, :length])
+        for mine, theirs in zip(direct.prompt_kv(row), padded.prompt_kv(row)):
+            for a, b in zip(mine, theirs):
+                assert torch.equal(a, b)
     (batch, outputs), (padded_batch, padded_outputs) = direct.finish(40), padded.finish(40)
     assert [o.new_token_ids for o in outputs] == [o.new_token_ids for o in padded_outputs]
     assert torch.equal(batch.cache.lengths, padded_batch.cache.lengths)
-    length = int(batch.cache.lengths[0])
-    for mine, theirs in zip(batch.cache.keys + batch.cache.values, padded_batch.cache.keys + padded_batch.cache.values):
-        assert torch.equal(mine[:1, :, :length], theirs[:1, :, :length])
+    for row, length in enumerate(batch.cache.lengths.tolist()):
+        for mine, theirs in zip(batch.cache.keys + batch.cache.values,
+                                padded_batch.cache.keys + padded_batch.cache.values):
+            assert torch.equal(mine[row, :, :length], theirs[row, :, :length])
 
 
 @pytest.mark.parametrize("chunk", [None, 5])
@@ -77,7 +82,9 @@ def test_a_prefix_hit_starts_the_native_prefill_from_the_cached_blocks(targets):
     assert_same_prefill(prefill(native, [second], 4, hit), prefill(padded, [second], None))
 
 
-def test_a_group_keeps_transformers_forward(targets):
-    native, _ = targets
-    job = prefill(native, [prompt(7), prompt(9, seed=2)], None)
-    assert not job.direct and len(job.finish(40)[1]) == 2
+@pytest.mark.parametrize("chunk", [None, 18])
+def test_a_ragged_group_is_prefilled_by_the_native_decoder_with_the_same_bits(targets, chunk):
+    """Chunks of 6 columns: the three prompts end in three different chunks."""
+    native, padded = targets
+    prompts = [prompt(7), prompt(15, seed=2), prompt(11, seed=3)]
+    assert_same_prefill(prefill(native, prompts, chunk), prefill(padded, prompts, chunk))

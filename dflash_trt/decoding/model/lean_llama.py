@@ -74,9 +74,10 @@ class LeanLlama:
                    stacked), ""
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, masks: torch.Tensor, cache,
-                feature_layer_ids: Sequence[int] = (), last_only: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """TargetModel.run_model over a BatchKVCache whose `prepare` returned `masks` ([B, 1, T, W] bool)."""
+                feature_layer_ids: Sequence[int] = (), last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """TargetModel.run_model over a BatchKVCache whose `prepare` returned `masks` ([B, 1, T, W] bool); logits_at
+        [B]: the logits of that column of each row only (TargetModel.forward)."""
         inner = self.model.model
         hidden = inner.embed_tokens(token_ids)
         cos, sin = inner.rotary_emb(hidden, position_ids)
@@ -84,7 +85,9 @@ class LeanLlama:
         out, features = torch.ops.dflash_cpu.llama_decoder(
             hidden, self.weights, self.bits, cos, sin, cache.keys, cache.values, slots, masks, width, self.dims,
             self.eps, self.scale, self.lanes, list(feature_layer_ids))
-        if last_only:
+        if logits_at is not None:
+            out = out[torch.arange(out.shape[0], device=out.device), logits_at][:, None]
+        elif last_only:
             out = out[:, -1:]
         return self.model.lm_head(inner.norm(out)), features if feature_layer_ids else None
 

@@ -145,16 +145,25 @@ class TargetModel:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache, feature_layer_ids: Sequence[int] = (), last_only: bool = False) -> TargetOutput:
+                cache, feature_layer_ids: Sequence[int] = (), last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> TargetOutput:
         """Run the target on new tokens [B,T] at position_ids [B,T].
 
         With a cache from new_cache, attention_mask [B, cached + T] marks the valid cache slots (0 = left
-        padding); with a BatchKVCache, it is what the cache's `prepare(T)` returned.
+        padding); with a BatchKVCache, it is what the cache's `prepare(T)` returned. logits_at [B]: the logits
+        [B, 1, V] of one column per row only (right-padded prompts prefilled by the native decoder, whose last
+        tokens sit in different columns).
         """
         if isinstance(cache, StaticKVCache):
             raise RuntimeError("a StaticKVCache is run by GraphedVerifier.forward")  # internal invariant
-        logits, features = self.run_model(token_ids, position_ids, attention_mask, cache, feature_layer_ids,
-                                          last_only)
+        if logits_at is not None:
+            if self.lean is None or not isinstance(cache, BatchKVCache):
+                raise RuntimeError("logits_at is for the native decoder's forwards")  # internal invariant
+            logits, features = self.lean.forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids,
+                                                 logits_at=logits_at)
+        else:
+            logits, features = self.run_model(token_ids, position_ids, attention_mask, cache, feature_layer_ids,
+                                              last_only)
         return TargetOutput(logits.float(), features)
 
     def run_model(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,

@@ -6,11 +6,12 @@ When the last chunk is in, the group becomes a RunningBatch of its own (its cach
 target.batch_cache) with the first token of each request chosen, ready to take its first decoding step
 and then to join the running batch.
 
-A single request on a target with the native decoder (a Llama at its GGUF precision, model/lean_llama.py) is
-prefilled over a decoding cache from the start, which needs no padding, by that decoder: the same logits, keys,
-values and features, bit for bit, without transformers' per-layer Python (a 49-token prompt of the demo target:
-47 ms instead of 64 ms on one thread). That is every prefill of a request that arrives alone, the usual case of a
-DFlash server, whose rows finish apart.
+On a target with the native decoder (a Llama at its GGUF precision, model/lean_llama.py), the prompts are
+right-padded instead, into a decoding cache from the start, and that decoder computes them: the same logits,
+keys, values and features, bit for bit, without transformers' per-layer Python (demo target, one thread: a
+49-token prompt in 47 ms instead of 64 ms; four of ~48 tokens in 160 ms instead of 210 ms). A row's padding
+comes after its prompt, so no prompt token attends to it; the padding's slots are dropped when the last chunk
+is in, and each row's first token comes from the logits of its own last prompt column.
 
 With a prefix cache (prefix_cache.py), a request whose prompt starts with cached blocks is prefilled alone: its
 cache and its drafter features start with the cached blocks' and only the rest of the prompt is computed. A
@@ -39,17 +40,21 @@ class PrefillJob:
         device = target.device
         self.lengths = torch.tensor([len(r.prompt) for r in requests], device=device)
         self.width = int(self.lengths.max())
-        self.pad = self.width - self.lengths
+        # Right-padded into a decoding cache for the native decoder (module docstring), else left-padded into
+        # transformers' cache.
+        self.direct = getattr(target, "lean", None) is not None
+        self.pad = torch.zeros_like(self.lengths) if self.direct else self.width - self.lengths
         self.tokens = torch.zeros(len(requests), self.width, dtype=torch.long, device=device)
         for row, request in enumerate(requests):
-            self.tokens[row, int(self.pad[row]):] = torch.tensor(request.prompt, device=device)
-        self.mask = torch.arange(self.width, device=device)[None, :] >= self.pad[:, None]
+            start = int(self.pad[row])
+            self.tokens[row, start:start + len(request.prompt)] = torch.tensor(request.prompt, device=device)
+        columns = torch.arange(self.width, device=device)[None, :]
+        self.mask = columns >= self.pad[:, None]
         self.positions = (torch.cumsum(self.mask.long(), dim=1) - 1).clamp(min=0)
-        # A decoding cache for the native decoder (module docstring), else transformers' cache, left-padded.
-        self.direct = len(requests) == 1 and getattr(target, "lean", None) is not None
         if self.direct:
-            reserved = requests[0].reserved_tokens
-            self.cache = target.empty_batch_cache(1, min(max(reserved, self.width), 2 * self.width), reserved)
+            reserved = max(r.reserved_tokens for r in requests)
+            capacity = min(max(reserved, self.width), 2 * self.width)
+            self.cache = target.empty_batch_cache(len(requests), capacity, reserved)
         else:
             self.cache = target.new_cache()
         self.done_columns = 0
@@ -92,18 +97,37 @@ class PrefillJob:
         start_time = time.perf_counter()
         step = self.width if token_budget is None else max(1, token_budget // len(self.requests))
         start, end = self.done_columns, min(self.width, self.done_columns + step)
-        mask = self.cache.prepare(end - start) if self.direct else self.mask[:, :end].long()
-        out = self.target.forward(self.tokens[:, start:end], self.positions[:, start:end], mask, self.cache,
-                                  self.layer_ids, last_only=True)
         if self.direct:
-            self.cache.set_lengths(self.cache.lengths + (end - start))
-        if out.features is not None:
-            self._features.append(out.features)
+            self._advance_direct(start, end)
+        else:
+            out = self.target.forward(self.tokens[:, start:end], self.positions[:, start:end],
+                                      self.mask[:, :end].long(), self.cache, self.layer_ids, last_only=True)
+            self._keep_features(out)
+            if end == self.width:
+                self._last_logits = out.logits[:, -1]
         self.last_chunk_tokens = (end - start) * len(self.requests)
         self.done_columns = end
-        if self.is_done:
-            self._last_logits = out.logits[:, -1]
         self.elapsed_s += time.perf_counter() - start_time
+
+    def _advance_direct(self, start: int, end: int) -> None:
+        """Columns start..end by the native decoder; each row's logits at its last prompt column, in this chunk or
+        an earlier one."""
+        masks = self.cache.prepare(end - start)
+        last = self.lengths - 1
+        out = self.target.forward(self.tokens[:, start:end], self.positions[:, start:end], masks, self.cache,
+                                  self.layer_ids, logits_at=(last - start).clamp(0, end - start - 1))
+        self.cache.set_lengths(self.cache.lengths + (end - start))
+        self._keep_features(out)
+        ends_here = (last >= start) & (last < end)
+        if self._last_logits is None:
+            self._last_logits = out.logits[:, -1].clone()
+        self._last_logits[ends_here] = out.logits[ends_here, -1]
+        if end == self.width:
+            self.cache.set_lengths(self.lengths.clone())  # the padding's slots are free again
+
+    def _keep_features(self, out) -> None:
+        if out.features is not None:
+            self._features.append(out.features)
 
     def features(self) -> torch.Tensor | None:
         """[B, width, F] the target features of every prompt position, left-aligned (row i of request b = prompt
