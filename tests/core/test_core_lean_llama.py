@@ -15,17 +15,12 @@ from dflash_trt.decoding.kernels import native
 from dflash_trt.decoding.kernels.block_quant import BlockQuantLinear
 from dflash_trt.decoding.model.lean_llama import LeanLlama, norm_lanes
 from dflash_trt.decoding.model.target import TargetModel
-from dflash_trt.testing import make_tiny_target, quantize_like_q4_1
+from dflash_trt.testing import make_tiny_target, quantize_like_q4_1, tiny_gguf_target
 
 
 @pytest.fixture(scope="module")
 def tiny_target() -> TargetModel:
-    model = make_tiny_target("llama", seed=7)
-    quantize_like_q4_1(model)
-    target = TargetModel(model)
-    target.use_rowwise_attention()
-    assert target.use_lean_forward() == ""
-    return target
+    return tiny_gguf_target(seed=7)
 
 
 def _batch_cache(target: TargetModel, prompts: list[list[int]], capacity: int):

@@ -14,7 +14,7 @@ from dflash_trt.decoding.scheduler.prefill import PrefillJob
 from dflash_trt.decoding.scheduler.prefix_cache import PrefixCache
 from dflash_trt.decoding.step.batch import Request
 from dflash_trt.decoding.step.sampling import SamplingParams
-from dflash_trt.testing import make_tiny_target, quantize_like_q4_1
+from dflash_trt.testing import tiny_gguf_target
 
 FEATURE_LAYERS = [0, 1]
 
@@ -22,12 +22,10 @@ FEATURE_LAYERS = [0, 1]
 @pytest.fixture(scope="module")
 def targets():
     """(the target with the native decoder, the same model through transformers' forward alone)."""
-    model = make_tiny_target("llama", seed=3)
-    quantize_like_q4_1(model)
-    native, padded = TargetModel(model), TargetModel(model)
-    for target in (native, padded):
-        target.use_rowwise_attention()
-    assert native.use_lean_forward() == "" and padded.lean is None
+    native = tiny_gguf_target(seed=3)
+    padded = TargetModel(native.model)
+    padded.use_rowwise_attention()
+    assert padded.lean is None
     return native, padded
 
 

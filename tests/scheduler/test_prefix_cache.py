@@ -21,7 +21,7 @@ from dflash_trt.decoding.scheduler.scheduler import Scheduler, SchedulerLimits
 from dflash_trt.decoding.step import step as decoding
 from dflash_trt.decoding.step.sampling import SamplingParams
 from dflash_trt.errors import DFlashError
-from dflash_trt.testing import make_tiny_drafter, make_tiny_target, quantize_like_q4_1
+from dflash_trt.testing import make_tiny_drafter, make_tiny_target, tiny_gguf_target
 
 BLOCK = 8
 BLOCK_TOKENS = 16
@@ -30,13 +30,8 @@ ARRIVALS = {0: [0], 2: [1], 4: [2], 6: [3], 7: [4]}  # step -> requests arriving
 
 
 def family_target(family: str) -> TargetModel:
-    if family == "llama-gguf":  # at GGUF precision: a request alone is prefilled by the native decoder
-        model = make_tiny_target("llama", seed=4)
-        quantize_like_q4_1(model)
-        target = TargetModel(model)
-        target.use_rowwise_attention()
-        assert target.use_lean_forward() == ""
-        return target
+    if family == "llama-gguf":  # at GGUF precision: prefills run by the native decoder
+        return tiny_gguf_target(seed=4)
     if family == "qwen3-sliding":
         return TargetModel(make_tiny_target("qwen3", seed=4, use_sliding_window=True, sliding_window=6,
                                             layer_types=["sliding_attention", "full_attention"] * 3))
