@@ -48,8 +48,7 @@ class PrefillJob:
         for row, request in enumerate(requests):
             start = int(self.pad[row])
             self.tokens[row, start:start + len(request.prompt)] = torch.tensor(request.prompt, device=device)
-        columns = torch.arange(self.width, device=device)[None, :]
-        self.mask = columns >= self.pad[:, None]
+        self.mask = torch.arange(self.width, device=device)[None, :] >= self.pad[:, None]
         self.positions = (torch.cumsum(self.mask.long(), dim=1) - 1).clamp(min=0)
         if self.direct:
             reserved = max(r.reserved_tokens for r in requests)
@@ -141,6 +140,8 @@ class PrefillJob:
         if not self._features:
             return None
         padded = torch.cat(self._features, dim=1)
+        if self.direct:
+            return padded  # right-padded: already left-aligned
         index = (torch.arange(self.width, device=self.pad.device)[None, :] + self.pad[:, None]).clamp(
             max=self.width - 1)
         return torch.gather(padded, 1, index[:, :, None].expand(-1, -1, padded.shape[2]))
