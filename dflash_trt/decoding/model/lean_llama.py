@@ -3,16 +3,16 @@
 A CPU decoding step of the demo target (SmolLM2-135M, 30 layers) through transformers' Llama forward makes ~1,500
 small torch calls (norms, RoPE, cache bookkeeping, ~50 per layer) at a few microseconds of dispatch each: about
 as long as the block matmuls themselves. `LeanLlama` runs every decoder layer of a forward over a BatchKVCache
-(a decoding step, a verify forward of a chain or a tree, a batch of either) as one native call,
+(a decoding step, a verify forward of a chain or a tree, a batch of either, a prefill chunk) as one native call,
 torch.ops.dflash_cpu.llama_decoder (kernels/native/llama_decoder.cpp): q/k/v and gate/up each one block matmul
 over stacked weights, and norms, RoPE, SiLU and the cache writes in C++. The embedding lookup, the rotary table,
 the final norm and the output head stay transformers' own modules (a few calls per forward).
 
 The op computes transformers' arithmetic bit for bit: the norm adds in the order of torch's CPU sum kernel and
 SiLU calls torch's own vectorized exp (`build` checks both against the model's own modules before it applies), so
-logits equal the transformers forward's exactly, and prefill (a DynamicCache, transformers' forward) and the lean
-decoding steps share one cache. Every row's result depends on its own inputs only (batch-invariant), as
-lossless speculative decoding needs.
+logits, keys and values equal the transformers forward's exactly (scheduler/prefill.py prefills through this op,
+and tests compare the two). Every row's result depends on its own inputs only (batch-invariant), as lossless
+speculative decoding needs.
 
 Applies to a LlamaForCausalLM whose linear layers are all BlockQuantLinear (gguf_weights.quantize_like_gguf),
 with SiLU, no biases, no sliding window, and q/k/v (and gate/up) of one bit width; elsewhere `build` says why

@@ -95,15 +95,22 @@ class Target(Protocol):
     max_context: int | None
     takes_explicit_masks: bool  # whether a forward may run an explicit block mask (a tree); static caches cannot
 
+    lean: object | None  # the native decoder (model/lean_llama.py) where it applies: prefill runs it too
+
     def new_cache(self):
-        """A cache for a prefill group (left-padded rows)."""
+        """A cache for a prefill group (left-padded rows) through the model's own forward."""
+
+    def empty_batch_cache(self, rows: int, capacity: int, capacity_limit: int):
+        """An empty decoding cache, which a prefill through the native decoder writes (right-padded rows)."""
 
     def batch_cache(self, prefill_cache, lengths: torch.Tensor, capacity_limit: int):
         """The decoding cache of a prefilled group (rows left-aligned, room for capacity_limit slots)."""
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                feature_layer_ids: Sequence[int] = (), last_only: bool = False):
-        """Logits [B,T,V] (fp32) and the features of `feature_layer_ids` [B,T,K*D] of new tokens [B,T]."""
+                feature_layer_ids: Sequence[int] = (), last_only: bool = False,
+                logits_at: torch.Tensor | None = None):
+        """Logits [B,T,V] (fp32) and the features of `feature_layer_ids` [B,T,K*D] of new tokens [B,T]; last_only:
+        the last column's logits only; logits_at [B] (the native decoder): one column's per row."""
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings (the drafter's block embeddings)."""

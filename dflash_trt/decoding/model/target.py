@@ -114,8 +114,9 @@ class TargetModel:
         return reason
 
     def new_cache(self):
-        # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill uses
-        # it (the model builds its masks from a 2D padding mask), then batch_cache takes it over.
+        # A plain DynamicCache keeps every position in every layer (also sliding-window ones); prefill through
+        # transformers' forward uses it (the model builds its masks from a 2D padding mask), then batch_cache takes
+        # it over. (With the native decoder, prefill writes an empty_batch_cache instead.)
         from transformers import DynamicCache
         return DynamicCache()
 

@@ -42,7 +42,7 @@ class PrefillJob:
         self.width = int(self.lengths.max())
         # Right-padded into a decoding cache for the native decoder (module docstring), else left-padded into
         # transformers' cache.
-        self.direct = getattr(target, "lean", None) is not None
+        self.direct = target.lean is not None
         self.pad = torch.zeros_like(self.lengths) if self.direct else self.width - self.lengths
         self.tokens = torch.zeros(len(requests), self.width, dtype=torch.long, device=device)
         for row, request in enumerate(requests):

@@ -73,11 +73,15 @@ class GraphedVerifier(TargetModel):
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                feature_layer_ids: Sequence[int] = (), last_only: bool = False) -> TargetOutput:
+                feature_layer_ids: Sequence[int] = (), last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> TargetOutput:
         """TargetModel.forward; over a StaticKVCache (prepared for T tokens) attention_mask is unused: the static
         forward builds the masks from position_ids."""
         if not isinstance(cache, StaticKVCache):
-            return super().forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids, last_only)
+            return super().forward(token_ids, position_ids, attention_mask, cache, feature_layer_ids, last_only,
+                                   logits_at)
+        if logits_at is not None:
+            raise RuntimeError("logits_at is for the native decoder's forwards")  # internal invariant
         n, num_new = token_ids.shape
         block_mask = cache.take_preparation(num_new)
         tree = block_mask is not None  # a tree's width comes padded to a bucket (static_kv_cache.tree_nodes_bucket)
