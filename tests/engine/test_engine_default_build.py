@@ -39,15 +39,32 @@ def demo_drafter(tmp_path_factory, smollm2_config):
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    """One engine directory for both builds: the second reuses the converted target (steps are idempotent)."""
-    return tmp_path_factory.mktemp("demo") / "engine"
+def default_build(tmp_path_factory, demo_drafter):
+    """(the default engine's directory, the build's log lines), built once for the module: as `make demo` builds it
+    on first use (ensure_engine, with the repository root moved to a fresh place) where the repository has its demo
+    drafter, else by build_engine with a random drafter of that format. The FP8 build later reuses its converted
+    target (steps are idempotent)."""
+    from dflash_trt.engine import build
+
+    root = tmp_path_factory.mktemp("repository")
+    out = root / "engines" / "smollm2-135m"
+    lines: list[str] = []
+    if demo_drafter is None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(build, "REPO_ROOT", root)
+            assert build.ensure_engine(out, log=lines.append) == out
+    else:
+        build_engine(BuildRequest(drafter=demo_drafter, out=out), log=lines.append)
+    return out, lines
+
+
+@pytest.fixture(scope="module")
+def engine_dir(default_build):
+    return default_build[0]
 
 
 @pytest.fixture(scope="module")
 def smollm2_config():
-    from pathlib import Path
-
     path = SHIPPED_CONFIGS / "HuggingFaceTB/SmolLM2-135M-Instruct/config.json"
     return json.loads(path.read_text())
 
@@ -66,20 +83,35 @@ def decode_both(engine, max_new_tokens=32):
 
 
 @pytest.mark.slow
-def test_default_engine_builds_from_the_gguf_and_decodes_losslessly(engine_dir, demo_drafter):
-    out = engine_dir
-    result = build_engine(BuildRequest(drafter=demo_drafter, out=out), log=lambda line: None)
-    assert result.preset.name == "smollm2-135m" and result.manifest["runtime"] == "torch"
-    assert "quantization" not in result.manifest["artifacts"]
-    assert {"target/model.safetensors", "target/tokenizer.json", "target/config.json"} <= set(result.manifest["files"])
-    engine = load_engine(out)
+def test_default_engine_builds_from_the_gguf_and_decodes_losslessly(engine_dir):
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    assert manifest["name"] == "smollm2-135m" and manifest["runtime"] == "torch"
+    assert "quantization" not in manifest["artifacts"]
+    assert {"target/model.safetensors", "target/tokenizer.json", "target/config.json"} <= set(manifest["files"])
+    engine = load_engine(engine_dir)
     assert engine.target.tokenizer is not None and engine.target.num_layers == 30
     # A GGUF target runs at the GGUF's precision (docs/quantized-cpu.md): every linear layer and the head as
     # blocks, with the batch-invariant attention.
-    assert result.manifest["target"]["weights"] == "gguf"
+    assert manifest["target"]["weights"] == "gguf"
     assert _quantized_layers(engine) == 1 + 7 * 30 and engine.target.attention_override is not None
     dflash, plain = decode_both(engine)
     assert dflash == plain
+
+
+@pytest.mark.slow
+def test_the_default_engine_is_built_on_first_use_as_make_demo_does(default_build, demo_drafter, monkeypatch):
+    """`make bench` on a fresh clone: ENGINE is the default engines/smollm2-135m, which is not built yet (the module's
+    build, default_build, is that first use)."""
+    from dflash_trt.engine import build
+
+    if demo_drafter is not None:
+        pytest.skip("the repository's demo drafter is missing")
+    default, lines = default_build
+    assert "building the default engine first" in lines[0]
+    assert json.loads((default / "manifest.json").read_text())["runtime"] == "torch"  # (loaded by the test above)
+    monkeypatch.setattr(build, "REPO_ROOT", default.parents[1])
+    later: list[str] = []
+    assert build.ensure_engine(default, log=later.append) == default and later == []  # built once
 
 
 @pytest.mark.slow
@@ -132,20 +164,3 @@ def test_a_missing_engine_that_is_not_the_default_names_the_command_that_builds_
     assert main(["bench-report", "--engine", str(missing), "--no-serving"]) == 2
     err = capsys.readouterr().err
     assert f"build it with `dflash-trt engine --model qwen3-8b --out {missing}`" in err
-
-
-@pytest.mark.slow
-def test_the_default_engine_is_built_on_first_use_as_make_demo_does(tmp_path, monkeypatch, demo_drafter):
-    """`make bench` on a fresh clone: ENGINE is the default engines/smollm2-135m, which is not built yet."""
-    from dflash_trt.engine import build
-
-    if demo_drafter is not None:
-        pytest.skip("the repository's demo drafter is missing")
-    monkeypatch.setattr(build, "REPO_ROOT", tmp_path)  # the default engine directory, in a fresh place
-    default = tmp_path / "engines" / "smollm2-135m"
-    lines: list[str] = []
-    assert build.ensure_engine(default, log=lines.append) == default
-    assert (default / "manifest.json").is_file() and "building the default engine first" in lines[0]
-    assert load_engine(default).runtime == "torch"
-    lines.clear()
-    assert build.ensure_engine(default, log=lines.append) == default and lines == []  # built once
