@@ -155,17 +155,16 @@ def quantize_like_q4_1(model) -> int:
     return count
 
 
-def tiny_gguf_target(seed: int = 0, native_decoder: bool = True):
+def tiny_gguf_target(seed: int = 0):
     """A tiny Llama TargetModel as the demo target runs at its GGUF precision: Q4_1 blocks (quantize_like_q4_1), the
-    batch-invariant attention and, unless native_decoder is False, the native decoder forward (model/lean_llama.py)."""
+    batch-invariant attention and the native decoder forward (model/lean_llama.py)."""
     from dflash_trt.decoding.model.target import TargetModel
 
     model = make_tiny_target("llama", seed=seed)
     quantize_like_q4_1(model)
     target = TargetModel(model)
     target.use_rowwise_attention()
-    if native_decoder:
-        reason = target.use_lean_forward()
-        if reason:
-            raise RuntimeError(f"the native decoder does not apply to the tiny GGUF target: {reason}")
+    reason = target.use_lean_forward()
+    if reason:
+        raise RuntimeError(f"the native decoder does not apply to the tiny GGUF target: {reason}")
     return target

@@ -9,7 +9,7 @@ and then to join the running batch.
 On a target with the native decoder (a Llama at its GGUF precision, model/lean_llama.py), the prompts are
 right-padded instead, into a decoding cache from the start, and that decoder computes them: the same logits,
 keys, values and features, bit for bit, without transformers' per-layer Python (demo target, one thread: a
-49-token prompt in 47 ms instead of 64 ms; four of ~48 tokens in 160 ms instead of 210 ms). A row's padding
+49-token prompt in 47 ms instead of 64 ms; four of ~48 tokens in 43 ms each instead of 55 ms). A row's padding
 comes after its prompt, so no prompt token attends to it; the padding's slots are dropped when the last chunk
 is in, and each row's first token comes from the logits of its own last prompt column.
 
