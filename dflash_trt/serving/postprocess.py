@@ -36,12 +36,14 @@ def postprocess(tokenizer, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def respond(pb, request, tokenizer, board):
-    """The postprocessing model's answer to one request (a cancelled one marks its generation)."""
+    """The postprocessing model's answer to one request. A cancelled one marks its generation on the board (the
+    dflash model then stops) and is answered as usual: Triton 2.51 keeps an ensemble request whose client cancelled
+    in flight for good when one of its steps answers with an error (CANCELLED included), and a drain then waits out
+    its whole timeout for it. The answer goes nowhere: the client is gone."""
     if request.is_cancelled():
         ids = read_inputs(pb, request, ("generation_id",)).get("generation_id")
         if ids is not None:
             board.mark(decode_text(scalar({"generation_id": ids}, "generation_id"), "generation_id"))
-        return pb.InferenceResponse(output_tensors=[], error=pb.TritonError("request cancelled", pb.TritonError.CANCELLED))
     try:
         return response(pb, postprocess(tokenizer, read_inputs(pb, request, INPUTS)))
     except Exception as error:  # noqa: BLE001 - answer with the error, keep serving

@@ -74,3 +74,32 @@ def test_a_drain_that_runs_out_ends_the_streams_and_kills_every_process(fault_re
     finally:
         served.gate.release()
         served.stop()
+
+
+def test_streams_the_clients_cancelled_do_not_hold_the_drain(fault_repo, tmp_path):
+    """A client that cancels its gRPC stream leaves nothing in flight in Triton: SIGTERM finds no request to wait
+    for. (When the postprocessing step of a cancelled ensemble request answered with an error, Triton 2.51 kept
+    that request in flight for good, and every later drain waited out its whole timeout.)"""
+    from dflash_trt.serving.client import GrpcStream
+
+    served = Served(fault_repo, tmp_path, "--drain-timeout", "30")  # a request left in flight: 30 s
+    try:
+        served.wait_ready()
+        served.gate.hold()  # the first chunk comes, then the generation waits: the cancel lands mid-generation
+        stream = GrpcStream(served.grpc_url)
+        next(stream.chunks("Tell me a story", 256))
+        stream.cancel()
+        served.gate.release()
+        triton_log = tmp_path / "triton.log"
+        wait_for(lambda: "request cancelled by the client" in triton_log.read_text(), "the cancel to stop the "
+                 "generation", 120)
+        wait_for(lambda: served.in_flight() == 0, "the generation to end", 60)
+        stream.close()
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=240) == 0, served.log()
+        drain = triton_log.read_text().split("Waiting for in-flight requests to complete.", 1)[-1]
+        assert "Found 0 model versions that have in-flight inferences" in drain, served.log()
+        assert "Exit timeout expired" not in drain
+    finally:
+        served.gate.release()
+        served.stop()
