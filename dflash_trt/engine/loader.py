@@ -79,12 +79,13 @@ def _load_models(engine: Engine, device: str) -> None:
     state = engine.manifest.get("artifacts", {}).get("quantization")
     target = engine.manifest["target"]
     if target.get("weights") == "gguf" and str(device) == "cpu":
-        # The GGUF as it ships (block-quantized kernels), not the dequantized target/ directory.
+        # The GGUF's blocks as it ships them (block-quantized kernels); the rest (embeddings, norms, config,
+        # tokenizer) from the dequantized target/ directory, which loads much faster than the GGUF's metadata parses.
         gguf = Path(target["source"])
         if not gguf.is_file():
             raise EngineError(f"{engine.directory}: its target GGUF {gguf} is gone; rebuild the engine (or build it "
                               "with --target-weights float)")
-        engine.target = load_target(gguf, dtype=dtype, device=device, weights="gguf")
+        engine.target = load_target(engine.target_path, dtype=dtype, device=device, weights="gguf", blocks_from=gguf)
     else:
         # A quantized target keeps plain nn.Linear modules: ModelOpt converts them by exact type.
         engine.target = load_target(engine.target_path, dtype=dtype, device=device, pack=not state)
