@@ -40,21 +40,27 @@ def demo_drafter(tmp_path_factory, smollm2_config):
 
 @pytest.fixture(scope="module")
 def default_build(tmp_path_factory, demo_drafter):
-    """(the default engine's directory, the build's log lines), built once for the module: as `make demo` builds it
-    on first use (ensure_engine, with the repository root moved to a fresh place) where the repository has its demo
-    drafter, else by build_engine with a random drafter of that format. The FP8 build later reuses its converted
-    target (steps are idempotent)."""
+    """(the default engine's directory, the build's log lines), built once for the module as `make demo` builds it on
+    first use (ensure_engine) where the repository has its demo drafter, else by build_engine with a random drafter of
+    that format. On a fresh clone the build goes where the repository keeps it (engines/smollm2-135m, which the served
+    demo test then uses as it is); where that engine is built already, under a fresh repository root, so that the
+    first use is still a real build. The tests below leave this directory as they found it."""
     from dflash_trt.engine import build
 
+    lines: list[str] = []
+    if demo_drafter is not None:
+        out = tmp_path_factory.mktemp("repository") / "engines" / "smollm2-135m"
+        build_engine(BuildRequest(drafter=demo_drafter, out=out), log=lines.append)
+        return out, lines
+    own = REPO_ROOT / "engines" / "smollm2-135m"
+    if not (own / "manifest.json").is_file():
+        assert build.ensure_engine(own, log=lines.append) == own
+        return own, lines
     root = tmp_path_factory.mktemp("repository")
     out = root / "engines" / "smollm2-135m"
-    lines: list[str] = []
-    if demo_drafter is None:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(build, "REPO_ROOT", root)
-            assert build.ensure_engine(out, log=lines.append) == out
-    else:
-        build_engine(BuildRequest(drafter=demo_drafter, out=out), log=lines.append)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(build, "REPO_ROOT", root)
+        assert build.ensure_engine(out, log=lines.append) == out
     return out, lines
 
 
@@ -94,6 +100,15 @@ def test_default_engine_builds_from_the_gguf_and_decodes_losslessly(engine_dir):
     # blocks, with the batch-invariant attention.
     assert manifest["target"]["weights"] == "gguf"
     assert _quantized_layers(engine) == 1 + 7 * 30 and engine.target.attention_override is not None
+    # Loaded from target/ with the GGUF's blocks: the same model and tokenizer as the GGUF loaded by itself.
+    from dflash_trt.decoding.model.target import load_target
+
+    direct = load_target(manifest["target"]["source"], weights="gguf")
+    assert direct.tokenizer.chat_template == engine.target.tokenizer.chat_template
+    ids = torch.tensor([chat_ids(direct.tokenizer, PROMPTS[1])])
+    assert ids.tolist() == [chat_ids(engine.target.tokenizer, PROMPTS[1])]
+    with torch.no_grad():
+        assert torch.equal(engine.target.model(ids).logits, direct.model(ids).logits)
     dflash, plain = decode_both(engine)
     assert dflash == plain
 
@@ -115,22 +130,21 @@ def test_the_default_engine_is_built_on_first_use_as_make_demo_does(default_buil
 
 
 @pytest.mark.slow
-def test_an_engine_recorded_as_float_loads_the_dequantized_target(engine_dir):
+def test_an_engine_recorded_as_float_loads_the_dequantized_target(engine_dir, tmp_path):
     """What --target-weights float writes: the target/ directory with plain linear layers; and a GGUF that
     moved away is named in one line."""
-    manifest_path = engine_dir / "manifest.json"
-    original = manifest_path.read_text()
-    manifest = json.loads(original)
-    try:
-        manifest["target"]["weights"] = "float"
-        manifest_path.write_text(json.dumps(manifest))
-        assert _quantized_layers(load_engine(engine_dir, verify=False)) == 0
-        manifest["target"].update(weights="gguf", source=str(engine_dir / "gone.gguf"))
-        manifest_path.write_text(json.dumps(manifest))
-        with pytest.raises(EngineError, match="gone.gguf is gone; rebuild the engine"):
-            load_engine(engine_dir, verify=False)
-    finally:
-        manifest_path.write_text(original)
+    view = tmp_path / "engine"  # the built engine's files, with a manifest of its own to edit
+    view.mkdir()
+    for item in ("target", "drafter"):
+        (view / item).symlink_to(engine_dir / item, target_is_directory=True)
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    manifest["target"]["weights"] = "float"
+    (view / "manifest.json").write_text(json.dumps(manifest))
+    assert _quantized_layers(load_engine(view, verify=False)) == 0
+    manifest["target"].update(weights="gguf", source=str(view / "gone.gguf"))
+    (view / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EngineError, match="gone.gguf is gone; rebuild the engine"):
+        load_engine(view, verify=False)
 
 
 def _quantized_layers(engine) -> int:
@@ -140,8 +154,9 @@ def _quantized_layers(engine) -> int:
 
 
 @pytest.mark.slow
-def test_fp8_engine_is_lossless_against_its_own_quantized_target(engine_dir, demo_drafter):
-    out = engine_dir
+def test_fp8_engine_is_lossless_against_its_own_quantized_target(engine_dir, demo_drafter, tmp_path):
+    out = tmp_path / "smollm2-135m-fp8"
+    _reuse_converted_target(engine_dir, out)
     result = build_engine(BuildRequest(quant="fp8", drafter=demo_drafter, out=out), log=lambda line: None)
     assert result.manifest["artifacts"]["quantization"] == "quantization/modelopt_state.pth"
     engine = load_engine(out)
@@ -164,3 +179,13 @@ def test_a_missing_engine_that_is_not_the_default_names_the_command_that_builds_
     assert main(["bench-report", "--engine", str(missing), "--no-serving"]) == 2
     err = capsys.readouterr().err
     assert f"build it with `dflash-trt engine --model qwen3-8b --out {missing}`" in err
+
+
+def _reuse_converted_target(engine_dir, out):
+    """Start `out` with the default build's converted target and that step's record, so that a build into it skips
+    converting the GGUF again (steps are idempotent) and the default engine itself stays as it is."""
+    import shutil
+
+    shutil.copytree(engine_dir / "target", out / "target")
+    (out / ".steps").mkdir()
+    shutil.copy(engine_dir / ".steps" / "target.json", out / ".steps" / "target.json")
