@@ -77,6 +77,7 @@ class PlainComparison:
     identical: bool
     weight_bytes_per_step: int = 0  # what one target forward reads (gguf_weights.weight_bytes_per_step)
     draft_bytes_per_step: int = 0  # what one draft reads: the drafter's weights and the target's head again
+    drafted_share: float = 1.0  # of DFlash's verify steps, those that drafted (the policy decodes plain in the others)
 
     @property
     def speedup(self) -> float:
@@ -84,24 +85,29 @@ class PlainComparison:
 
     def describe(self) -> str:
         same = "the same tokens" if self.identical else "DIFFERENT tokens (a bug: DFlash is lossless)"
-        line = (f"[in process, same prompt: DFlash {self.dflash_tokens_per_s:.1f} tokens/s against plain decoding "
+        line = (f"[in process, same prompt: DFlash (adaptive block size, as served) {self.dflash_tokens_per_s:.1f} "
+                f"tokens/s against plain decoding "
                 f"{self.plain_tokens_per_s:.1f} tokens/s ({self.speedup:.2f}x), tau {self.tau:.2f}, "
                 f"{self.num_output_tokens} tokens, {same}]")
         if not self.weight_bytes_per_step:
             return line
         # One target forward per step reads every weight once; DFlash spreads a step over tau tokens.
         mb, draft_mb = self.weight_bytes_per_step / 1e6, self.draft_bytes_per_step / 1e6
-        per_token = (mb + draft_mb) / max(self.tau, 1e-9)
+        per_token = (mb + self.drafted_share * draft_mb) / max(self.tau, 1e-9)
         return (line + f"\n[weights read: plain decoding {mb:.1f} MB/token = {mb * self.plain_tokens_per_s / 1e3:.2f} "
-                f"GB/s; DFlash {mb:.1f} MB per verify + {draft_mb:.1f} MB per draft over tau tokens = "
+                f"GB/s; DFlash {mb:.1f} MB per verify + {draft_mb:.1f} MB per draft (in {self.drafted_share:.0%} of "
+                f"the verify steps) over tau tokens = "
                 f"{per_token:.1f} MB/token = {per_token * self.dflash_tokens_per_s / 1e3:.2f} GB/s]")
 
 
 def compare_with_plain(engine_dir: Path, prompt: str, max_tokens: int) -> PlainComparison:
-    """Generate `prompt` (through the chat template) greedily with DFlash at the engine's block size and
-    with plain decoding (block size 1), timed from the first token on (prefill excluded, as in `bench`)."""
+    """Generate `prompt` (through the chat template) greedily with DFlash as the server runs it (the adaptive
+    block-size policy over the engine's block sizes, which decodes plain where drafting does not pay) and with plain
+    decoding (block size 1), timed from the first token on (prefill excluded, as in `bench`)."""
     from dflash_trt.decoding.api import generate
     from dflash_trt.decoding.model.tokens import default_stop_ids, encode_prompt
+    from dflash_trt.decoding.scheduler.block_policy import make_policy
+    from dflash_trt.decoding.scheduler.scheduler import allowed_block_sizes
     from dflash_trt.decoding.step.sampling import SamplingParams
     from dflash_trt.engine import load_engine
 
@@ -110,15 +116,17 @@ def compare_with_plain(engine_dir: Path, prompt: str, max_tokens: int) -> PlainC
     prompt_ids = encode_prompt(target, prompt, chat=bool(getattr(target.tokenizer, "chat_template", None)))
     params = SamplingParams(max_new_tokens=max_tokens, stop_token_ids=tuple(default_stop_ids(target)))
     generate(target, drafter, [prompt_ids], SamplingParams(max_new_tokens=4), block_size=engine.block_size)  # warm
+    served_policy = make_policy("adaptive", engine.block_size, allowed_block_sizes(drafter, engine.block_size))
     runs = {}
-    for name, block in (("plain", 1), ("dflash", engine.block_size)):
+    for name, block, policy in (("plain", 1, None), ("dflash", engine.block_size, served_policy)):
         start = time.perf_counter()
-        result = generate(target, drafter, [prompt_ids], params, block_size=block)[0]
+        result = generate(target, drafter, [prompt_ids], params, block_size=block, policy=policy)[0]
         runs[name] = (result, time.perf_counter() - start - result.prefill_s)
     (plain, plain_s), (spec, spec_s) = runs["plain"], runs["dflash"]
+    drafted = [d > 0 for d in spec.draft_lengths] or [True]  # (no draft lengths: every step drafted)
     return PlainComparison(spec.num_output_tokens / max(spec_s, 1e-9), plain.num_output_tokens / max(plain_s, 1e-9),
                            spec.num_output_tokens, spec.tau, spec.token_ids == plain.token_ids,
-                           *_bytes_per_step(target, drafter))
+                           *_bytes_per_step(target, drafter), drafted_share=sum(drafted) / len(drafted))
 
 
 def _bytes_per_step(target, drafter) -> tuple[int, int]:

@@ -46,3 +46,14 @@ def test_the_demo_times_dflash_against_plain_decoding(tiny_engine):
     assert comparison.dflash_tokens_per_s > 0 and comparison.plain_tokens_per_s > 0
     line = comparison.describe()
     assert "tokens/s against plain decoding" in line and "the same tokens" in line and "x), tau " in line
+
+
+def test_the_demo_counts_draft_bytes_only_for_the_steps_that_drafted():
+    """The adaptive policy decodes plain in some steps: a draft's bytes count in the steps that drafted only."""
+    from dflash_trt.serving.demo import PlainComparison
+
+    comparison = PlainComparison(100.0, 50.0, 32, 2.0, True, weight_bytes_per_step=int(100e6),
+                                 draft_bytes_per_step=int(40e6), drafted_share=0.5)
+    line = comparison.describe()
+    assert "(adaptive block size, as served)" in line and "(2.00x)" in line
+    assert "40.0 MB per draft (in 50% of the verify steps) over tau tokens = 60.0 MB/token = 6.00 GB/s" in line
