@@ -25,7 +25,10 @@ class ScriptedPolicy:
         self.last = next(self.plans, self.last)
         return self.last
 
-    def observe(self, batch_size, plan, seconds, accepted):
+    def observe(self, batch_size, plan, seconds, accepted, rows=None):
+        pass
+
+    def forget(self, row):
         pass
 
     def observe_catch_up(self, rows, seconds):

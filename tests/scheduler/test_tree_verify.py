@@ -148,8 +148,11 @@ class ScriptedPolicy:
     def choose(self, batch_size, **_):
         return next(self.steps)
 
-    def observe(self, batch_size, plan, seconds, accepted):
+    def observe(self, batch_size, plan, seconds, accepted, rows=None):
         self.observed.append(plan)
+
+    def forget(self, row):
+        pass
 
     def observe_catch_up(self, rows, seconds):
         pass
