@@ -39,9 +39,6 @@ class CyclingBlockSize:
     def observe(self, *args) -> None:
         pass
 
-    def forget(self, row) -> None:
-        pass
-
     def observe_catch_up(self, rows, seconds) -> None:
         pass
 

@@ -8,8 +8,7 @@ from collections import Counter
 import pytest
 
 from dflash_trt.decoding.scheduler.block_policy import (PLAIN, AcceptanceEstimate, AdaptiveBlockSize, BatchStepCosts,
-                                                        FixedBlockSize, RequestAcceptance, StepCosts, StepPlan,
-                                                        make_policy)
+                                                        FixedBlockSize, StepCosts, StepPlan, make_policy)
 from dflash_trt.errors import DFlashError
 
 MAX_BLOCK = 8
@@ -466,54 +465,3 @@ def test_a_first_slow_plain_step_weighs_as_one_of_the_first_steps_not_longer():
     for _ in range(9):
         costs.observe(4, 0.005)
     assert costs.seconds[4] == pytest.approx((0.050 + 9 * 0.005) / 10)
-
-
-def test_a_requests_own_acceptance_is_read_against_the_pooled_one():
-    pooled = AcceptanceEstimate(4, prior_rate=0.5, prior_weight=1.0)  # every position 0.5
-    requests = RequestAcceptance(weight=4.0)
-    requests.observe(["a"], 4, [3])  # a: positions 1..3 accepted
-    requests.observe(["a", "b"], 4, [3, 0])  # b: position 1 rejected
-    assert requests.counts["a"] == ([0.0, 2.0, 2.0, 2.0], [0.0, 2.0, 2.0, 2.0])
-    assert requests.counts["b"] == ([0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0])
-    a_rate, b_rate = (2 + 4 * 0.5) / (2 + 4), (0 + 4 * 0.5) / (1 + 4)  # shrunk towards 0.5
-    a_tokens = [1.0, 1.0 + a_rate, 1.0 + a_rate + a_rate ** 2, 1.0 + a_rate + a_rate ** 2 + a_rate ** 3]
-    b_tokens = [1.0, 1.0 + b_rate, 1.0 + b_rate + b_rate * 0.5, 1.0 + b_rate + b_rate * 0.5 + b_rate * 0.25]
-    pool_tokens = [1.0, 1.5, 1.75, 1.875]
-    table = requests.tokens(pooled, ["a", "b", "new"], 4)
-    assert table[1:] == pytest.approx([(a + b + c) / 3 for a, b, c in zip(a_tokens, b_tokens, pool_tokens)])
-    requests.forget("a")
-    assert "a" not in requests.counts and requests.tokens(pooled, ["a"], 4)[1:] == pytest.approx(pool_tokens)
-
-
-def _served_one_at_a_time(policy, rates, steps_per_request=60, with_rows=True):
-    """Requests one after another at one row (cpu_like costs), request r's drafts accepted at rates[r]: per request,
-    the share of its last 40 steps (explorations aside) that drafted."""
-    for _ in range(100):  # a server that has been drafting chains of 8 whose drafts were all accepted
-        policy.observe(1, StepPlan(MAX_BLOCK), cpu_like(1, MAX_BLOCK), [MAX_BLOCK - 1])
-    policy.observe(1, PLAIN, cpu_like(1, 1), [0])
-    drafted = []
-    for request, rate in enumerate(rates):
-        row, plans = f"request-{request}", []
-        for step in range(steps_per_request):
-            plan = policy.choose(1, rows=[row] if with_rows else None)
-            explored = policy.last_explored == policy.decisions
-            accepted = _accepted(rate, plan.block_size, 1, 1000 * request + step)
-            policy.observe(1, plan, cpu_like(1, plan.block_size), accepted, [row] if with_rows else None)
-            if not explored:
-                plans.append(plan)
-        policy.forget(row)
-        drafted.append(sum(p.block_size > 1 for p in plans[-40:]) / len(plans[-40:]))
-    return drafted
-
-
-def test_one_request_at_a_time_drafts_for_the_request_the_drafter_reads_well_and_not_for_the_other():
-    """At one row the batch is the request: drafting pays for one whose drafts are all accepted and loses for one
-    whose drafts never are. Read with the pooled acceptance alone (rows not given), the drafted steps of a request
-    of the second kind drag the pool down until the policy decodes plain, and stays plain for the next request of
-    the first kind too (plain steps tell the pool nothing)."""
-    rates = [0.0, 1.0] * 4
-    drafted = _served_one_at_a_time(AdaptiveBlockSize(MAX_BLOCK), rates)
-    hard, easy = drafted[0::2], drafted[1::2]
-    assert min(easy) >= 0.9 and max(hard) <= 0.1, drafted
-    pooled = _served_one_at_a_time(AdaptiveBlockSize(MAX_BLOCK), rates, with_rows=False)
-    assert min(pooled[1::2]) < 0.5, pooled

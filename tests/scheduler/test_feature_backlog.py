@@ -25,10 +25,7 @@ class ScriptedPolicy:
         self.last = next(self.plans, self.last)
         return self.last
 
-    def observe(self, batch_size, plan, seconds, accepted, rows=None):
-        pass
-
-    def forget(self, row):
+    def observe(self, batch_size, plan, seconds, accepted):
         pass
 
     def observe_catch_up(self, rows, seconds):

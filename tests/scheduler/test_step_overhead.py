@@ -27,11 +27,8 @@ class RecordingPolicy:
     def choose(self, batch_size, observed=True, **_):
         return PLAIN if observed else self.first_plan
 
-    def observe(self, batch_size, plan, seconds, accepted, rows=None):
+    def observe(self, batch_size, plan, seconds, accepted):
         self.events.append(("step", batch_size))
-
-    def forget(self, row):
-        pass
 
     def observe_catch_up(self, rows, seconds):
         pass
@@ -98,44 +95,3 @@ def test_a_per_step_overhead_turns_a_chain_that_ties_with_plain_into_one_that_pa
         policy.observe_overhead(1, 0.0015)
     assert policy.cost(1, PLAIN) == pytest.approx(0.0051) and policy.cost(1, StepPlan(4)) == pytest.approx(0.0079)
     assert policy.best(1) == StepPlan(4)
-
-
-def test_the_policy_hears_which_requests_each_step_is_for_and_when_they_leave():
-    """The per-request acceptance of the adaptive policy rests on this: every choice and every observed step names
-    the batch's request ids in row order (the accepted drafts are per row in that order), and each request is
-    forgotten once, when it ends (finished or aborted)."""
-
-    class RowRecordingPolicy(AdaptiveBlockSize):
-        def __init__(self):
-            super().__init__(4)
-            self.chosen_for, self.observed_for, self.forgotten = [], [], []
-
-        def choose(self, batch_size, *, rows=None, **kwargs):
-            self.chosen_for.append((batch_size, list(rows)))
-            return super().choose(batch_size, rows=rows, **kwargs)
-
-        def observe(self, batch_size, plan, seconds, accepted, rows=None):
-            self.observed_for.append((batch_size, len(accepted), list(rows)))
-            super().observe(batch_size, plan, seconds, accepted, rows)
-
-        def forget(self, row):
-            self.forgotten.append(row)
-            super().forget(row)
-
-    model = make_tiny_target("llama", seed=1)
-    policy = RowRecordingPolicy()
-    scheduler = Scheduler(TargetModel(model), make_tiny_drafter(model.config, block_size=4), 4, policy=policy)
-    first = scheduler.add_request([3, 4, 5, 6, 7], SamplingParams(max_new_tokens=12))
-    second = scheduler.add_request([9, 10, 11], SamplingParams(max_new_tokens=30))
-    third = scheduler.add_request([12, 13], SamplingParams(max_new_tokens=30))
-    for _ in range(200):
-        if not scheduler.has_unfinished:
-            break
-        if len(policy.observed_for) == 3:
-            scheduler.abort(third)
-        scheduler.step()
-    assert {first, second, third} <= {row for _, rows in policy.chosen_for for row in rows}
-    assert all(batch_size == len(rows) for batch_size, rows in policy.chosen_for)
-    assert policy.observed_for and all(size == accepted == len(rows) for size, accepted, rows in policy.observed_for)
-    assert sorted(policy.forgotten, key=str) == sorted([first, second, third], key=str)
-    assert policy.requests.counts == {}  # nothing kept of requests that left

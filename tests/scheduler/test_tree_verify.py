@@ -148,11 +148,8 @@ class ScriptedPolicy:
     def choose(self, batch_size, **_):
         return next(self.steps)
 
-    def observe(self, batch_size, plan, seconds, accepted, rows=None):
+    def observe(self, batch_size, plan, seconds, accepted):
         self.observed.append(plan)
-
-    def forget(self, row):
-        pass
 
     def observe_catch_up(self, rows, seconds):
         pass

@@ -11,8 +11,7 @@ tokens per second for the current batch size B:
 - tokens(chain of S): expected tokens committed per sequence = 1 + sum_{k<S} P(draft 1..k all accepted). The
   per-position acceptance rates are counted from the chain steps run so far (a position that a shorter block
   never verified is not counted as rejected), with a light prior so a fresh policy tries drafting, and older
-  steps weigh less (the mix of requests changes); then read per request, its own counts shrunk towards those
-  pooled rates (RequestAcceptance), and averaged over the batch's rows.
+  steps weigh less (the mix of requests changes).
 - tokens(tree of B): the mean tokens committed per sequence by that budget's own past steps (older steps weigh
   less); before its first step, the chain's figure for its spine, which it never does worse than.
 - cost(B, plan): the measured wall time of past steps (means of the first few, then moving averages, slower for
@@ -49,7 +48,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Hashable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from dflash_trt.decoding.step.tree_budget import check_tree_budget
 from dflash_trt.errors import DFlashError
@@ -80,19 +79,12 @@ class BlockSizePolicy(Protocol):
     max_block_size: int
     tree_budgets: list[int]  # the tree budgets it may choose (none: chains only); the scheduler reserves KV for them
 
-    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True,
-               rows: Sequence[Hashable] | None = None) -> StepPlan:
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
         """The plan of the next step of a batch of `batch_size` rows. catch_up_rows: context rows the drafter would
         first have to take in (rows x the longest backlog) if the step drafted; observed False: the step is not
-        going to be observed (a newcomer group's first step, chosen for the batch it joins): no exploration;
-        rows: the batch's request ids, whose own acceptance a policy may weigh (None: the pooled figure)."""
+        going to be observed (a newcomer group's first step, chosen for the batch it joins): no exploration."""
 
-    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int],
-                rows: Sequence[Hashable] | None = None) -> None:
-        """A step ran: its seconds, and the drafts each row accepted (rows: their request ids, in that order)."""
-
-    def forget(self, row: Hashable) -> None:
-        """The request `row` left the batch for good (finished or cancelled)."""
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None: ...
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         """The drafter took in a backlog of `rows` context rows before a drafted step, in `seconds`."""
@@ -113,15 +105,10 @@ class FixedBlockSize:
         self.tree_budgets = [tree_budget] if tree_budget else []
         self.plan = StepPlan(block_size, tree_budget)
 
-    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True,
-               rows: Sequence[Hashable] | None = None) -> StepPlan:
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
         return self.plan
 
-    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int],
-                rows: Sequence[Hashable] | None = None) -> None:
-        pass
-
-    def forget(self, row: Hashable) -> None:
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         pass
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
@@ -169,57 +156,6 @@ class AcceptanceEstimate:
             survive *= self.hits[k] / self.trials[k]
             expected += survive
         return expected
-
-    def rates(self) -> list[float]:
-        """The acceptance rate of each draft position (index k: position k; index 0 unused, 1.0)."""
-        return [1.0] + [h / t for h, t in zip(self.hits[1:], self.trials[1:])]
-
-
-class RequestAcceptance:
-    """Each request's own acceptance counts, read shrunk towards the pooled estimate: position k's rate is
-    (hits_k + weight x pooled_k) / (trials_k + weight), so a request's own figure takes over as its drafted steps
-    add up (about weight / 2.5 chain steps to count as much as the pool).
-
-    Requests differ far more than the pool lets on: on the demo drafter's held-out prompts a draft is accepted at
-    0.26 to 0.88 per position from one request to the next. The pooled estimate, which mixes the last few hundred
-    steps' requests, drafts for a request that the drafter reads badly and drafts too little for one it reads well;
-    at one request in flight a simulation over those rates gave 1.07x plain decoding with the pool, 1.12x with this
-    (weight 32; 1.16x knowing each request's rate). At a batch of several rows the batch's mean decides, which
-    averages most of the difference away."""
-
-    def __init__(self, weight: float = 32.0):
-        self.weight = weight
-        self.counts: dict[Hashable, tuple[list[float], list[float]]] = {}  # row -> (trials, hits) per position
-
-    def observe(self, rows: Sequence[Hashable], block_size: int, accepted: Sequence[int]) -> None:
-        for row, a in zip(rows, accepted):
-            trials, hits = self.counts.setdefault(row, ([0.0] * block_size, [0.0] * block_size))
-            if len(trials) < block_size:
-                trials += [0.0] * (block_size - len(trials))
-                hits += [0.0] * (block_size - len(hits))
-            for k in range(1, min(a + 1, block_size - 1) + 1):  # positions 1..a accepted, a + 1 rejected
-                trials[k] += 1
-                hits[k] += 1 if k <= a else 0
-
-    def forget(self, row: Hashable) -> None:
-        self.counts.pop(row, None)
-
-    def tokens(self, pooled: AcceptanceEstimate, rows: Sequence[Hashable], max_block_size: int) -> list[float]:
-        """Index S: the expected tokens per sequence of a chain of S (1..max_block_size), the mean over `rows`."""
-        rates = pooled.rates()
-        totals = [0.0] * (max_block_size + 1)
-        for row in rows:
-            trials, hits = self.counts.get(row, ((), ()))
-            expected, survive = 1.0, 1.0
-            totals[1] += 1.0
-            for k in range(1, max_block_size):
-                if k < len(trials):
-                    survive *= (hits[k] + self.weight * rates[k]) / (trials[k] + self.weight)
-                else:
-                    survive *= rates[k]
-                expected += survive
-                totals[k + 1] += expected
-        return [total / max(len(rows), 1) for total in totals]
 
 
 class StepCosts:
@@ -432,7 +368,6 @@ class AdaptiveBlockSize:
         trees = [StepPlan(max_block_size, budget) for budget in self.tree_budgets]
         self.plans = sorted(chains + trees, key=lambda plan: (plan.verified_tokens, plan.tree_budget))
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
-        self.requests = RequestAcceptance()  # each request's own acceptance, read against the pooled one
         self.plain, self.drafted, self.trees = PlainStepCosts(), BatchStepCosts(), BatchStepCosts()
         self.catch_up = CatchUpCost()
         self.overhead = StepCosts(smoothing=0.1)  # seconds between two decoding steps outside them, per batch size
@@ -507,36 +442,18 @@ class AdaptiveBlockSize:
         """Seconds of a plain step of `batch_size` rows (PlainStepCosts); None before any plain step ran."""
         return self.plain.estimate(batch_size) if self.plain else None
 
-    def tokens(self, plan: StepPlan, rows: Sequence[Hashable] | None = None) -> float:
-        """Expected tokens committed per sequence by one step of `plan`: the mean over the requests `rows`, each
-        read with its own acceptance (RequestAcceptance), or with the pooled estimate (rows None)."""
-        return self._plan_tokens(plan, self._chain_tokens(rows))
-
-    def _chain_tokens(self, rows: Sequence[Hashable] | None) -> list[float] | None:
-        """Index S: a chain of S's expected tokens per sequence over `rows`; None without rows (the pool's figure)."""
-        return self.requests.tokens(self.acceptance, rows, self.max_block_size) if rows else None
-
-    def _plan_tokens(self, plan: StepPlan, chain: list[float] | None) -> float:
-        """tokens(plan) from a _chain_tokens table (None: the pooled estimate)."""
-        pooled = self.acceptance.tokens
-
-        def chain_tokens(size: int) -> float:
-            return chain[size] if chain is not None else pooled(size)
-
+    def tokens(self, plan: StepPlan) -> float:
+        """Expected tokens committed per sequence by one step of `plan`."""
         if plan.tree_budget and plan.block_size > 1:
             measured = self.tree_tokens.get(plan.tree_budget)
             spine = min(plan.block_size, plan.tree_budget + 1)
-            if measured is None:
-                return chain_tokens(spine)
-            # The budget's own measured mean, scaled by how these rows' spine compares with the pool's.
-            return measured.mean * chain_tokens(spine) / pooled(spine) if chain is not None else measured.mean
-        return chain_tokens(plan.block_size)
+            return measured.mean if measured is not None else self.acceptance.tokens(spine)
+        return self.acceptance.tokens(plan.block_size)
 
-    def value(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0,
-              rows: Sequence[Hashable] | None = None) -> float | None:
+    def value(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Expected committed tokens per second per sequence; None before any step of that mode ran."""
         cost = self.cost(batch_size, plan, catch_up_rows)
-        return None if cost is None else self.tokens(plan, rows) / max(cost, 1e-9)
+        return None if cost is None else self.tokens(plan) / max(cost, 1e-9)
 
     def _drafted_estimates(self, batch_size: int) -> list[DraftedEstimate]:
         """(plan, tokens, measured step seconds without catch-up or None, short-chain line or None) of every drafted
@@ -548,25 +465,21 @@ class AdaptiveBlockSize:
             cached = self._drafted_cache[batch_size] = (self._drafted_version, estimates)
         return cached[1]
 
-    def _values(self, batch_size: int, catch_up_rows: int = 0,
-                rows: Sequence[Hashable] | None = None) -> dict[StepPlan, float]:
+    def _values(self, batch_size: int, catch_up_rows: int = 0) -> dict[StepPlan, float]:
         """value() of every plan whose mode ran (the same figures, from the cached drafted estimates)."""
         values = {}
         plain, overhead = self._plain_cost(batch_size), self._overhead(batch_size)
         if 1 in self.sizes and plain is not None:
             values[PLAIN] = 1.0 / max(plain + overhead, 1e-9)
         catch_up = self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
-        chain = self._chain_tokens(rows)
         for plan, tokens, seconds, line in self._drafted_estimates(batch_size):
             if seconds is not None:
-                if chain is not None:
-                    tokens = self._plan_tokens(plan, chain)
                 values[plan] = tokens / max(_bounded(seconds, line, plain) + catch_up + overhead, 1e-9)
         return values
 
-    def best(self, batch_size: int, catch_up_rows: int = 0, rows: Sequence[Hashable] | None = None) -> StepPlan:
+    def best(self, batch_size: int, catch_up_rows: int = 0) -> StepPlan:
         """The plan of the highest value; a drafted one only if it beats plain decoding by draft_margin."""
-        known = self._values(batch_size, catch_up_rows, rows)
+        known = self._values(batch_size, catch_up_rows)
         if not known:
             return StepPlan(self.max_block_size)
         best = max(known, key=lambda plan: (known[plan], -plan.verified_tokens))
@@ -574,14 +487,13 @@ class AdaptiveBlockSize:
             return PLAIN
         return best
 
-    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True,
-               rows: Sequence[Hashable] | None = None) -> StepPlan:
+    def choose(self, batch_size: int, *, catch_up_rows: int = 0, observed: bool = True) -> StepPlan:
         if self.max_block_size == 1:
             return PLAIN
         if not observed:  # a newcomer group's first step: what the batch it joins would run next, nothing measured
             if not self.drafted:
                 return StepPlan(self.max_block_size)
-            return self.best(batch_size, catch_up_rows, rows) if self.plain else PLAIN
+            return self.best(batch_size, catch_up_rows) if self.plain else PLAIN
         self.decisions += 1
         self._exploring = None
         if not self.drafted:
@@ -591,12 +503,12 @@ class AdaptiveBlockSize:
         for budget in self.tree_budgets:
             if budget not in self.tree_tokens:
                 return StepPlan(self.max_block_size, budget)  # each tree budget's acceptance measured once
-        best = self.best(batch_size, catch_up_rows, rows)
+        best = self.best(batch_size, catch_up_rows)
         if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
         if self.decisions - self.last_explored < self.explore_every:
             return best  # (checked first: choosing the plan to explore costs more than the choice itself)
-        neighbour = self._neighbour(best, batch_size, catch_up_rows, rows)
+        neighbour = self._neighbour(best, batch_size, catch_up_rows)
         if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
             self.explorations += 1
             self.last_explored = self.decisions
@@ -604,15 +516,14 @@ class AdaptiveBlockSize:
             return neighbour
         return best
 
-    def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int,
-                   rows: Sequence[Hashable] | None = None) -> StepPlan | None:
+    def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
         """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
         is the question, and the plan it would resume with is the one whose estimate matters). Drafting: in turn the
         plan next above `best` by tokens verified, the one next below, and plain decoding."""
         if len(self.plans) < 2:
             return None
         if best.block_size == 1:
-            values = self._values(batch_size, catch_up_rows, rows)
+            values = self._values(batch_size, catch_up_rows)
             drafted = [plan for plan in self.plans if plan.block_size > 1]
             return max(drafted, key=lambda plan: (values.get(plan, 0.0), -plan.verified_tokens))
         turn = self.explorations % 3
@@ -641,8 +552,7 @@ class AdaptiveBlockSize:
         if self._exploring is not None:
             self.explore_seconds += seconds
 
-    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int],
-                rows: Sequence[Hashable] | None = None) -> None:
+    def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         self.steps_run[plan] += 1
         self.seconds += seconds
         if self._exploring is not None:
@@ -658,11 +568,6 @@ class AdaptiveBlockSize:
         else:
             self.drafted.observe(batch_size, plan.block_size, seconds)
             self.acceptance.observe(plan.block_size, accepted)
-            if rows is not None:
-                self.requests.observe(rows, plan.block_size, accepted)
-
-    def forget(self, row: Hashable) -> None:
-        self.requests.forget(row)
 
 
 def make_policy(name: str, max_block_size: int, sizes: Sequence[int] | None = None, max_tree_budget: int = 0

@@ -218,7 +218,6 @@ class Scheduler:
         for out in outputs:
             if out.is_final:
                 self._requests.pop(out.index, None)
-                self.policy.forget(out.index)
         return outputs
 
     # -- the pieces of a step -------------------------------------------------------------------------
@@ -233,7 +232,7 @@ class Scheduler:
         elif first:
             plan = first_plan
         else:
-            plan = self.policy.choose(len(batch), catch_up_rows=self._backlog(batch), rows=batch.request_ids())
+            plan = self.policy.choose(len(batch), catch_up_rows=self._backlog(batch))
         if len(self.block_sizes) == self.max_block_size:  # any size runs: never more than the longest row needs
             # (a block of L slots commits at most L tokens: remaining + 1 slots, acceptance.block_lengths)
             plan = plan.with_block_size(max(1, min(plan.block_size, max(r.remaining for r in batch.requests) + 1)))
@@ -251,7 +250,7 @@ class Scheduler:
         report = decode_step(self.target, self.drafter, batch, plan.block_size, self.layer_ids,
                              self._methods[plan.tree_budget])
         if not first:
-            self.policy.observe(len(batch), plan, time.perf_counter() - start, report.accepted, batch.request_ids())
+            self.policy.observe(len(batch), plan, time.perf_counter() - start, report.accepted)
             self._decoded_at = time.perf_counter()
         return report.outputs
 
@@ -399,9 +398,7 @@ class Scheduler:
         running = self.running
         rows = len(group) + (len(running) if running is not None else 0)
         backlog = self._backlog(running) if running is not None else 0
-        request_ids = group.request_ids() + (running.request_ids() if running is not None else [])
-        return self.policy.choose(rows, catch_up_rows=backlog and rows * running.pending_features, observed=False,
-                                  rows=request_ids)
+        return self.policy.choose(rows, catch_up_rows=backlog and rows * running.pending_features, observed=False)
 
     def _first_step_with_the_batch(self, plan: StepPlan) -> bool:
         """Whether the prefilled group joins the running batch before its first step and takes that step with it: a

@@ -174,10 +174,6 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def request_ids(self) -> list[Hashable]:
-        """The request id of each row, in row order."""
-        return [request.request_id for request in self.requests]
-
     @property
     def width(self) -> int:
         """KV slots of the longest row."""
