@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_trt.benchmarks.report import served_speedup
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -141,7 +143,7 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
                 f"| {'-' if not drafting else format(drafting['mean_block_size'], '.2f')} "
                 f"| {'-' if not drafting else format(100 * drafting['plain_step_share'], '.0f') + '%'} "
                 f"| {r['num_requests']} | {r['num_errors']} |")
-    ratios = ", ".join(f"{_times(ratio)} at concurrency {level}" for level, ratio in serving["speedup"].items())
+    ratios = ", ".join(f"{served_speedup(serving, level)} at concurrency {level}" for level in serving["speedup"])
     lines += ["", f"Output tokens/s, DFlash / plain: {ratios}."]
     return lines
 
@@ -181,7 +183,7 @@ def headline_table(summary: dict, command: str, commit: str, now: datetime.datet
             drafting = r.get("drafting") or {}
             rows.append(f"| served (Triton, batched) | concurrency {level}, mean block "
                         f"{drafting.get('mean_block_size', 0):.2f} | - | {r['output_tokens_per_s']:.1f} | "
-                        f"{serving['plain'][level]['output_tokens_per_s']:.1f} | {_times(serving['speedup'][level])} "
+                        f"{serving['plain'][level]['output_tokens_per_s']:.1f} | {served_speedup(serving, level)} "
                         "| - |")
     loads = [_load(m.get(key)) for key in ("load_average_start", "load_average_serving_start", "load_average_end")
              if m.get(key)]

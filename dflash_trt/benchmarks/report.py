@@ -124,7 +124,7 @@ def _serving_lines(serving: dict, settings: dict) -> list[str]:
                          f"{r['num_requests']:>10}{r['num_errors']:>8}")
     lines.append("block: tokens verified per sequence and step (drafts + 1; the adaptive policy's choice, shortened "
                  "last blocks included); plain: share of those steps that drafted nothing")
-    ratios = " ".join(f"c={level}: {_times(ratio)}" for level, ratio in serving["speedup"].items())
+    ratios = " ".join(f"c={level}: {served_speedup(serving, level)}" for level in serving["speedup"])
     lines.append(f"throughput speedup (DFlash / plain): {ratios}")
     goodput = serving.get("goodput")
     if goodput:
@@ -149,3 +149,11 @@ def _ms(value) -> str:
 
 def _times(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def served_speedup(serving: dict, level: str) -> str:
+    """A served level's DFlash / plain throughput, with the range of its rounds' ratios when it ran several
+    (benchmarks/serving.py): '1.02x (runs 0.96-1.08x)'."""
+    text = _times(serving["speedup"][level])
+    runs = [r for r in serving.get("speedup_runs", {}).get(level, []) if r is not None]
+    return f"{text} (runs {min(runs):.2f}-{max(runs):.2f}x)" if len(runs) > 1 else text

@@ -9,6 +9,8 @@ machine's load falls on every mode alike instead of on whichever ran last. With 
 level does that R times, and a mode's figures at a level are its R runs together; each run lasts the full
 duration (splitting a duration into shorter runs would multiply the ramp-up and drain, which at 32 requests in
 flight and 64 tokens each are much of a 10-second run). An idle server waits on a condition and takes no CPU.
+The ratio of each round's two runs, taken back to back, is kept too ("speedup_runs"): their spread is what one
+run's ratio is worth on the machine at hand (on a shared 2-core machine one 20-second run's ratio moves by 5-10%).
 
 Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
 level at which every request still got at least min_user_tokens_per_s tok/s of its own.
@@ -31,16 +33,20 @@ WARMUP_TOKENS = 8
 
 
 def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], None] = print) -> dict:
-    """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio},
+    """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio of the rounds together},
+    "speedup_runs": {level: [that ratio of each round's two runs]},
     "goodput": {"min_user_tokens_per_s": X, mode: {"level", "output_tokens_per_s"} or None, "ratio"}}."""
     modes = {**MODES, **(SEQUENTIAL if config.sequential_baseline else {})}
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch, contextlib.ExitStack() as servers:
         served = {mode: servers.enter_context(_serve(config, _render(config, Path(scratch) / mode, block_size,
                                                                      max_batch), mode, prompts, log))
                   for mode, (block_size, max_batch) in modes.items()}
-        results = _load_interleaved(config, served, prompts, log)
+        results, runs = _load_interleaved(config, served, prompts, log)
     results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
                           for level in results["dflash"]}
+    results["speedup_runs"] = {level: [_ratio(dflash.summary(), plain.summary())
+                                       for dflash, plain in zip(runs["dflash"][level], runs["plain"][level])]
+                               for level in results["dflash"]}
     goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
     both = goodput["dflash"] and goodput["plain"]
     goodput["ratio"] = (goodput["dflash"]["output_tokens_per_s"] / goodput["plain"]["output_tokens_per_s"]
@@ -86,13 +92,15 @@ def _serve(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log):
         yield server
 
 
-def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log) -> dict:
-    """{mode: {level: summary}}: level by level, config.serving_rounds runs per mode, the modes in turn and their
-    order reversed from one run to the next (module docstring)."""
+def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log
+                      ) -> tuple[dict, dict[str, dict[str, list[LoadLevel]]]]:
+    """({mode: {level: summary}}, {mode: {level: [run of each round]}}): level by level, config.serving_rounds runs
+    per mode, the modes in turn and their order reversed from one run to the next (module docstring)."""
     from dflash_trt.serving.client import GrpcStream
     from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
 
     results: dict = {mode: {} for mode in servers}
+    all_runs: dict[str, dict[str, list[LoadLevel]]] = {mode: {} for mode in servers}
     turn = 0
     for level in config.concurrency:
         runs: dict[str, list[LoadLevel]] = {mode: [] for mode in servers}
@@ -110,9 +118,10 @@ def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], lo
             result["drafting"] = drafting_figures(before[mode], scrape_totals(server.config.metrics_url,
                                                                              DRAFTING_COUNTERS))
             results[mode][str(level)] = result
+            all_runs[mode][str(level)] = runs[mode]
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
-    return results
+    return results, all_runs
 
 
 def merged(runs: list[LoadLevel]) -> LoadLevel:

@@ -175,6 +175,17 @@ def test_the_markdown_report_has_the_served_table_when_serving_ran(short_run):
     assert "| plain | 4 | 21.2 |" in page and "2.00x at concurrency 4" in page
 
 
+def test_served_ratios_show_the_spread_of_their_rounds_when_several_ran():
+    from dflash_trt.benchmarks.report import served_speedup
+
+    serving = {"speedup": {"1": 1.02, "4": 0.99, "16": None},
+               "speedup_runs": {"1": [0.96, 1.08, 1.01], "4": [0.99], "16": [None, None]}}
+    assert served_speedup(serving, "1") == "1.02x (runs 0.96-1.08x)"
+    assert served_speedup(serving, "4") == "0.99x"  # one round: nothing to spread
+    assert served_speedup(serving, "16") == "-"
+    assert served_speedup({"speedup": {"1": 1.1}}, "1") == "1.10x"  # summaries written before the runs were kept
+
+
 def test_the_readme_table_is_rewritten_between_its_markers_only(short_run, tmp_path):
     from dflash_trt.benchmarks.markdown import README_END, README_START, headline_table, update_readme
 

@@ -17,7 +17,7 @@ LEVEL_KEYS = {"concurrency", "duration_s", "num_requests", "num_errors", "error_
 def served_run(bench_engine, bench_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-served")
     config = BenchConfig(engine=bench_engine, out=out, prompts_dir=bench_prompts, num_prompts=1, max_new_tokens=8,
-                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, instances=1,
+                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, serving_rounds=2, instances=1,
                          min_user_tokens_per_s=0.5)
     run_bench(config, log=lambda _line: None)
     return out
@@ -26,7 +26,7 @@ def served_run(bench_engine, bench_prompts, tmp_path_factory):
 @pytest.mark.slow
 def test_serving_section_has_both_modes_at_every_level(served_run):
     serving = json.loads((served_run / "summary.json").read_text())["serving"]
-    assert set(serving) == {"dflash", "plain", "speedup", "goodput"}
+    assert set(serving) == {"dflash", "plain", "speedup", "speedup_runs", "goodput"}
     for mode in ("dflash", "plain"):
         assert set(serving[mode]) == {"1", "2"}
         for level, figures in serving[mode].items():
@@ -40,6 +40,8 @@ def test_serving_section_has_both_modes_at_every_level(served_run):
         assert 0.0 <= drafting["plain_step_share"] <= 1.0
         assert 1.0 <= drafting["mean_block_size"] <= 1.0 + 3 * (1.0 - drafting["plain_step_share"]) + 1e-9
     assert set(serving["speedup"]) == {"1", "2"}
+    for level, runs in serving["speedup_runs"].items():  # one ratio per round, of its two runs back to back
+        assert len(runs) == 2 and all(ratio > 0 for ratio in runs), (level, runs)
     goodput = serving["goodput"]
     assert goodput["min_user_tokens_per_s"] == 0.5
     for mode in ("dflash", "plain"):
