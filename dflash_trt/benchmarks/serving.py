@@ -44,9 +44,7 @@ def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], No
         results, runs = _load_interleaved(config, served, prompts, log)
     results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
                           for level in results["dflash"]}
-    results["speedup_runs"] = {level: [_ratio(dflash.summary(), plain.summary())
-                                       for dflash, plain in zip(runs["dflash"][level], runs["plain"][level])]
-                               for level in results["dflash"]}
+    results["speedup_runs"] = round_ratios(runs)
     goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
     both = goodput["dflash"] and goodput["plain"]
     goodput["ratio"] = (goodput["dflash"]["output_tokens_per_s"] / goodput["plain"]["output_tokens_per_s"]
@@ -122,6 +120,13 @@ def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], lo
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
     return results, all_runs
+
+
+def round_ratios(runs: dict[str, dict[str, list[LoadLevel]]]) -> dict[str, list[float | None]]:
+    """{level: DFlash / plain output tok/s of each round}: a round's two runs ran back to back (_load_interleaved)."""
+    return {level: [_ratio(dflash.summary(), plain.summary())
+                    for dflash, plain in zip(runs["dflash"][level], runs["plain"][level])]
+            for level in runs["dflash"]}
 
 
 def merged(runs: list[LoadLevel]) -> LoadLevel:

@@ -4,6 +4,8 @@ level are reported together."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from dflash_trt.benchmarks import serving
 from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
@@ -11,7 +13,7 @@ from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
 
 def _load(monkeypatch, config):
     """serving._load_interleaved over two fake servers whose n-th run (1-based) is one request of 10 n tokens:
-    (results, [(mode, level, duration_s) of each run in order])."""
+    (results, each mode's runs per level, [(mode, level, duration_s) of each run in order])."""
     calls = []
 
     def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
@@ -24,11 +26,12 @@ def _load(monkeypatch, config):
     monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
     servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
                for mode in ("dflash", "plain")}
-    return serving._load_interleaved(config, servers, ["p"], lambda line: None), calls
+    results, runs = serving._load_interleaved(config, servers, ["p"], lambda line: None)
+    return results, runs, calls
 
 
 def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_path):
-    results, calls = _load(monkeypatch, BenchConfig(concurrency=(1, 4, 16), duration_s=20.0, out=tmp_path))
+    results, _runs, calls = _load(monkeypatch, BenchConfig(concurrency=(1, 4, 16), duration_s=20.0, out=tmp_path))
 
     assert [(mode, level) for mode, level, _ in calls] == [
         ("dflash", 1), ("plain", 1), ("plain", 4), ("dflash", 4), ("dflash", 16), ("plain", 16)]
@@ -40,7 +43,7 @@ def test_levels_load_the_servers_in_turn_in_alternating_order(monkeypatch, tmp_p
 
 def test_rounds_repeat_each_level_alternating_and_merge_each_modes_runs(monkeypatch, tmp_path):
     config = BenchConfig(concurrency=(4, 16), duration_s=15.0, serving_rounds=3, out=tmp_path)
-    results, calls = _load(monkeypatch, config)
+    results, runs, calls = _load(monkeypatch, config)
 
     assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain", "dflash", "dflash", "plain",
                                               "plain", "dflash", "dflash", "plain", "plain", "dflash"]
@@ -48,3 +51,13 @@ def test_rounds_repeat_each_level_alternating_and_merge_each_modes_runs(monkeypa
     # dflash at 4 ran 1st, 4th and 5th: 10 + 40 + 50 tokens over 3 runs of 15 s.
     level = results["dflash"]["4"]
     assert level["output_tokens"] == 100 and level["duration_s"] == 45.0 and level["num_requests"] == 3
+
+
+def test_each_rounds_ratio_pairs_the_two_runs_it_took_back_to_back(monkeypatch, tmp_path):
+    config = BenchConfig(concurrency=(4, 16), duration_s=15.0, serving_rounds=3, out=tmp_path)
+    _results, runs, _calls = _load(monkeypatch, config)
+
+    # Level 4: rounds (dflash 1st, plain 2nd), (plain 3rd, dflash 4th), (dflash 5th, plain 6th): 10 n tokens each.
+    ratios = serving.round_ratios(runs)
+    assert ratios["4"] == pytest.approx([10 / 20, 40 / 30, 50 / 60])
+    assert ratios["16"] == pytest.approx([80 / 70, 90 / 100, 120 / 110])
