@@ -34,6 +34,7 @@ class BenchConfig:
     # at least this many tok/s of its own.
     min_user_tokens_per_s: float = 10.0
     sequential_baseline: bool = False  # also serve DFlash one request at a time (max_batch_sequences 1)
+    plain_control: bool = False  # also a second plain server: what two identical servers differ by (serving.py)
     tree_budget: int = 0  # served DFlash: the repository's tree_budget (the adaptive policy's largest tree)
     # The multi-turn scenario (multi_turn.py): conversations replayed turn by turn, without and with the prefix
     # cache, at each of multi_turn_concurrency.

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_trt.benchmarks.report import served_speedup
+from dflash_trt.benchmarks.report import SERVED_MODES, served_speedup
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +133,7 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
         "| block | plain | requests | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for mode in (m for m in ("dflash", "plain", "dflash-sequential") if m in serving):
+    for mode in (m for m in SERVED_MODES if m in serving):
         for level, r in serving[mode].items():
             user = r.get("user_tokens_per_s")
             drafting = r.get("drafting")
@@ -145,6 +145,10 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
                 f"| {r['num_requests']} | {r['num_errors']} |")
     ratios = ", ".join(f"{served_speedup(serving, level)} at concurrency {level}" for level in serving["speedup"])
     lines += ["", f"Output tokens/s, DFlash / plain: {ratios}."]
+    if "control" in serving:
+        ratios = ", ".join(f"{served_speedup(serving, level, 'control')} at concurrency {level}"
+                           for level in serving["control"])
+        lines += ["", f"Two plain servers, plain / plain-control (what the comparison resolves here): {ratios}."]
     return lines
 
 

@@ -3,9 +3,10 @@
 summary.json keys: engine, block_size (the headline size: the largest swept), machine, settings,
 tau, speedup, identical, acceptance_histogram (all at the headline size, over every prompt),
 sweep {block size: figures}, per_family {family: the same figures plus its own sweep}, and serving
-({"dflash"|"plain"[|"dflash-sequential"]: {concurrency: load figures, with "drafting": the mean block size
-and plain-step share of the level from the dflash counters}, "speedup": {concurrency: tokens/s
-ratio}, "goodput": best throughput at fixed interactivity per mode}, or null when the serving part was
+({"dflash"|"plain"[|"dflash-sequential"][|"plain-control"]: {concurrency: load figures, with "drafting": the
+mean block size and plain-step share of the level from the dflash counters}, "speedup": {concurrency: tokens/s
+ratio}, "speedup_runs": {concurrency: that ratio per round}, ["control", "control_runs": plain / plain-control,]
+"goodput": best throughput at fixed interactivity per mode}, or null when the serving part was
 skipped), and multi_turn (multi_turn.py: {"levels": {concurrency: {"no_cache", "cache": figures, and the
 differences and TTFT ratios between them}}}, or null when the scenario was skipped).
 """
@@ -19,6 +20,9 @@ from pathlib import Path
 
 from dflash_trt.benchmarks.multi_turn import format_multi_turn
 from dflash_trt.benchmarks.sweep import SweepResult
+
+# The served modes in the order the tables list them (benchmarks/serving.py; the last two only when asked for).
+SERVED_MODES = ("dflash", "plain", "dflash-sequential", "plain-control")
 
 SUMMARY_NAME = "summary.json"
 
@@ -111,7 +115,7 @@ def _serving_lines(serving: dict, settings: dict) -> list[str]:
              f"{settings['instances']} dflash instance(s) batching in flight; DFlash vs plain decoding (block size 1)",
              f"{'mode':<18}{'conc':>5}{'tok/s':>9}{'TTFT p50/p99 ms':>19}{'ITL p50/p99 ms':>18}{'TPOT ms':>9}"
              f"{'user tok/s min':>15}{'block':>7}{'plain':>7}{'requests':>10}{'errors':>8}"]
-    modes = [mode for mode in ("dflash", "plain", "dflash-sequential") if mode in serving]
+    modes = [mode for mode in SERVED_MODES if mode in serving]
     for mode in modes:
         for level, r in serving[mode].items():
             user = r.get("user_tokens_per_s")
@@ -126,6 +130,9 @@ def _serving_lines(serving: dict, settings: dict) -> list[str]:
                  "last blocks included); plain: share of those steps that drafted nothing")
     ratios = " ".join(f"c={level}: {served_speedup(serving, level)}" for level in serving["speedup"])
     lines.append(f"throughput speedup (DFlash / plain): {ratios}")
+    if "control" in serving:
+        ratios = " ".join(f"c={level}: {served_speedup(serving, level, 'control')}" for level in serving["control"])
+        lines.append(f"two plain servers (plain / plain-control, the comparison's resolution): {ratios}")
     goodput = serving.get("goodput")
     if goodput:
         floor = goodput["min_user_tokens_per_s"]
@@ -151,9 +158,9 @@ def _times(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def served_speedup(serving: dict, level: str) -> str:
-    """A served level's DFlash / plain throughput, with the range of its rounds' ratios when it ran several
-    (benchmarks/serving.py): '1.02x (runs 0.96-1.08x)'."""
-    text = _times(serving["speedup"][level])
-    runs = [r for r in serving.get("speedup_runs", {}).get(level, []) if r is not None]
+def served_speedup(serving: dict, level: str, key: str = "speedup") -> str:
+    """A served level's DFlash / plain throughput (key "control": plain / plain-control), with the range of its
+    rounds' ratios when it ran several (benchmarks/serving.py): '1.02x (runs 0.96-1.08x)'."""
+    text = _times(serving[key][level])
+    runs = [r for r in serving.get(f"{key}_runs", {}).get(level, []) if r is not None]
     return f"{text} (runs {min(runs):.2f}-{max(runs):.2f}x)" if len(runs) > 1 else text

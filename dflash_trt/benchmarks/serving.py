@@ -11,6 +11,10 @@ duration (splitting a duration into shorter runs would multiply the ramp-up and 
 flight and 64 tokens each are much of a 10-second run). An idle server waits on a condition and takes no CPU.
 The ratio of each round's two runs, taken back to back, is kept too ("speedup_runs"): their spread is what one
 run's ratio is worth on the machine at hand (on a shared 2-core machine one 20-second run's ratio moves by 5-10%).
+With config.plain_control a third server serves plain decoding as well, loaded in turn with the others: what
+"plain" and "plain-control" differ by ("control", with its rounds' "control_runs") is what two identical servers
+differ by on that machine, the resolution of the DFlash / plain ratio (on the 2-core Xeon of README's table, rounds
+from 0.91x to 1.10x at one request in flight).
 
 Per mode the "goodput" is the throughput at fixed interactivity: the best total output tok/s of a
 level at which every request still got at least min_user_tokens_per_s tok/s of its own.
@@ -29,14 +33,16 @@ from dflash_trt.benchmarks.loadgen import LoadLevel, run_level
 # Mode -> the repository's (block_size (0: the engine's), max_batch_sequences (0: the default)).
 MODES = {"dflash": (0, 0), "plain": (1, 0)}
 SEQUENTIAL = {"dflash-sequential": (0, 1)}
+CONTROL = {"plain-control": (1, 0)}
 WARMUP_TOKENS = 8
 
 
 def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], None] = print) -> dict:
     """{"dflash": {level: summary}, "plain": {...}, "speedup": {level: tokens/s ratio of the rounds together},
     "speedup_runs": {level: [that ratio of each round's two runs]},
-    "goodput": {"min_user_tokens_per_s": X, mode: {"level", "output_tokens_per_s"} or None, "ratio"}}."""
-    modes = {**MODES, **(SEQUENTIAL if config.sequential_baseline else {})}
+    "goodput": {"min_user_tokens_per_s": X, mode: {"level", "output_tokens_per_s"} or None, "ratio"}}; with
+    config.plain_control also "plain-control" and "control", "control_runs": plain / plain-control, as the speedup."""
+    modes = served_modes(config)
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch, contextlib.ExitStack() as servers:
         served = {mode: servers.enter_context(_serve(config, _render(config, Path(scratch) / mode, block_size,
                                                                      max_batch), mode, prompts, log))
@@ -45,12 +51,21 @@ def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], No
     results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
                           for level in results["dflash"]}
     results["speedup_runs"] = round_ratios(runs)
+    if config.plain_control:
+        results["control"] = {level: _ratio(results["plain"][level], results["plain-control"][level])
+                              for level in results["plain"]}
+        results["control_runs"] = round_ratios(runs, "plain", "plain-control")
     goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
     both = goodput["dflash"] and goodput["plain"]
     goodput["ratio"] = (goodput["dflash"]["output_tokens_per_s"] / goodput["plain"]["output_tokens_per_s"]
                         if both and goodput["plain"]["output_tokens_per_s"] else None)
     results["goodput"] = {"min_user_tokens_per_s": config.min_user_tokens_per_s, **goodput}
     return results
+
+
+def served_modes(config: BenchConfig) -> dict[str, tuple[int, int]]:
+    """The servers a run starts: {mode: (repository block_size, max_batch_sequences)} (MODES and those asked for)."""
+    return {**MODES, **(SEQUENTIAL if config.sequential_baseline else {}), **(CONTROL if config.plain_control else {})}
 
 
 def best_at_interactivity(levels: dict, min_user_tokens_per_s: float) -> dict | None:
@@ -122,11 +137,13 @@ def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], lo
     return results, all_runs
 
 
-def round_ratios(runs: dict[str, dict[str, list[LoadLevel]]]) -> dict[str, list[float | None]]:
-    """{level: DFlash / plain output tok/s of each round}: a round's two runs ran back to back (_load_interleaved)."""
-    return {level: [_ratio(dflash.summary(), plain.summary())
-                    for dflash, plain in zip(runs["dflash"][level], runs["plain"][level])]
-            for level in runs["dflash"]}
+def round_ratios(runs: dict[str, dict[str, list[LoadLevel]]], mode: str = "dflash", baseline: str = "plain"
+                 ) -> dict[str, list[float | None]]:
+    """{level: mode / baseline output tok/s of each round}: a round's runs ran one after the other
+    (_load_interleaved)."""
+    return {level: [_ratio(run.summary(), base.summary())
+                    for run, base in zip(runs[mode][level], runs[baseline][level])]
+            for level in runs[mode]}
 
 
 def merged(runs: list[LoadLevel]) -> LoadLevel:

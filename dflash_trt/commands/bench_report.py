@@ -45,6 +45,10 @@ def register(subparsers) -> None:
                              "gets >= X tok/s (default: %(default)s)")
     parser.add_argument("--sequential-baseline", action="store_true",
                         help="also serve DFlash one request at a time (max_batch_sequences 1)")
+    parser.add_argument("--plain-control", action="store_true",
+                        help="also serve plain decoding a second time, loaded in turn with the others, and report "
+                             "what the two plain servers differ by: the resolution of the DFlash / plain ratio on "
+                             "this machine")
     parser.add_argument("--tree-budget", type=int, default=d.tree_budget, metavar="B",
                         help="served DFlash: the repository's tree_budget, the largest tree the adaptive policy may "
                              "verify per step (default: 0, chains only)")
@@ -85,7 +89,8 @@ def run(args) -> int:
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
         duration_s=args.duration, serving_rounds=args.serving_rounds, instances=args.instances,
         min_user_tokens_per_s=args.min_user_tokens_per_s,
-        sequential_baseline=args.sequential_baseline, tree_budget=args.tree_budget, multi_turn=args.multi_turn,
+        sequential_baseline=args.sequential_baseline, plain_control=args.plain_control, tree_budget=args.tree_budget,
+        multi_turn=args.multi_turn,
         multi_turn_conversations=args.multi_turn_conversations,
         multi_turn_concurrency=tuple(args.multi_turn_concurrency), prefix_cache_bytes=args.prefix_cache_bytes)
     summary = run_bench(config, log=lambda line: print(line, flush=True))

@@ -186,6 +186,29 @@ def test_served_ratios_show_the_spread_of_their_rounds_when_several_ran():
     assert served_speedup({"speedup": {"1": 1.1}}, "1") == "1.10x"  # summaries written before the runs were kept
 
 
+def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run):
+    from dflash_trt.benchmarks.markdown import results_page
+    from dflash_trt.benchmarks.report import _serving_lines
+
+    level = {"output_tokens_per_s": 40.0, "ttft_ms": {"p50": 1.0, "p99": 2.0}, "itl_ms": {"p50": 1.0, "p99": 2.0},
+             "tpot_ms": 1.0, "user_tokens_per_s": {"min": 5.0}, "num_requests": 3, "num_errors": 0, "drafting": None}
+    serving = {"dflash": {"1": level}, "plain": {"1": level}, "plain-control": {"1": {**level, "num_requests": 4}},
+               "speedup": {"1": 1.0}, "speedup_runs": {"1": [0.9, 1.1]},
+               "control": {"1": 1.05}, "control_runs": {"1": [1.02, 1.08]}}
+    lines = _serving_lines(serving, {"duration_s": 20.0, "instances": 1})
+    assert any(line.split()[:2] == ["plain-control", "1"] and line.split()[-2:] == ["4", "0"] for line in lines)
+    assert "two plain servers (plain / plain-control, the comparison's resolution): c=1: 1.05x (runs 1.02-1.08x)" \
+        in lines
+    summary = json.loads((short_run[1] / "summary.json").read_text())
+    summary["serving"] = serving
+    summary["settings"].update(duration_s=20.0, instances=1)
+    page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "| plain-control | 1 | 40.0 |" in page and "plain / plain-control" in page
+    assert "1.05x (runs 1.02-1.08x) at concurrency 1" in page
+    del serving["control"], serving["control_runs"], serving["plain-control"]
+    assert not any("plain-control" in line for line in _serving_lines(serving, {"duration_s": 20.0, "instances": 1}))
+
+
 def test_the_readme_table_is_rewritten_between_its_markers_only(short_run, tmp_path):
     from dflash_trt.benchmarks.markdown import README_END, README_START, headline_table, update_readme
 

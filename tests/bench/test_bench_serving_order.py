@@ -11,7 +11,7 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
 
 
-def _load(monkeypatch, config):
+def _load(monkeypatch, config, modes=("dflash", "plain")):
     """serving._load_interleaved over two fake servers whose n-th run (1-based) is one request of 10 n tokens:
     (results, each mode's runs per level, [(mode, level, duration_s) of each run in order])."""
     calls = []
@@ -25,7 +25,7 @@ def _load(monkeypatch, config):
     monkeypatch.setattr("dflash_trt.serving.client.GrpcStream", lambda url: url)
     monkeypatch.setattr("dflash_trt.serving.metrics.scrape_totals", lambda url, names: {name: 0.0 for name in names})
     servers = {mode: SimpleNamespace(config=SimpleNamespace(grpc_url=mode, metrics_url=mode))
-               for mode in ("dflash", "plain")}
+               for mode in modes}
     results, runs = serving._load_interleaved(config, servers, ["p"], lambda line: None)
     return results, runs, calls
 
@@ -61,3 +61,18 @@ def test_each_rounds_ratio_pairs_the_two_runs_it_took_back_to_back(monkeypatch, 
     ratios = serving.round_ratios(runs)
     assert ratios["4"] == pytest.approx([10 / 20, 40 / 30, 50 / 60])
     assert ratios["16"] == pytest.approx([80 / 70, 90 / 100, 120 / 110])
+
+
+def test_a_plain_control_server_takes_its_turn_and_its_rounds_pair_with_plains(monkeypatch, tmp_path):
+    config = BenchConfig(concurrency=(4,), duration_s=15.0, serving_rounds=2, plain_control=True, out=tmp_path)
+    _results, runs, calls = _load(monkeypatch, config, modes=("dflash", "plain", "plain-control"))
+
+    assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain-control", "plain-control", "plain", "dflash"]
+    # plain ran 2nd and 5th, plain-control 3rd and 4th.
+    assert serving.round_ratios(runs, "plain", "plain-control")["4"] == pytest.approx([20 / 30, 50 / 40])
+
+
+def test_the_plain_control_is_a_third_server_serving_plain_decoding(tmp_path):
+    assert serving.served_modes(BenchConfig(out=tmp_path)) == {"dflash": (0, 0), "plain": (1, 0)}
+    modes = serving.served_modes(BenchConfig(out=tmp_path, plain_control=True))
+    assert modes == {"dflash": (0, 0), "plain": (1, 0), "plain-control": (1, 0)}
