@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_trt.benchmarks.report import SERVED_MODES, served_speedup
+from dflash_trt.benchmarks.report import SERVED_MODES, served_runs, served_speedup
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,11 +123,11 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
     lines = [
         "## Served through Triton",
         "",
-        f"The ensemble over gRPC streaming, {settings['duration_s']:g} s per concurrency level, "
+        f"The ensemble over gRPC streaming, {served_runs(settings)}, "
         f"{settings['instances']} dflash instance(s) batching in flight; DFlash (adaptive block size) against "
         "the same repository serving plain decoding (block size 1), both servers up, loaded in turn level by level "
-        "(the order reversed at every other level). block = tokens verified per sequence and step (drafts + 1); "
-        "plain = share of steps that drafted nothing.",
+        "(the order of the modes reversed from one run to the next). block = tokens verified per sequence and step "
+        "(drafts + 1); plain = share of steps that drafted nothing.",
         "",
         "| mode | concurrency | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | slowest user tok/s "
         "| block | plain | requests | errors |",

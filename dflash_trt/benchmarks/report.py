@@ -111,7 +111,7 @@ def format_table(summary: dict) -> str:
 
 
 def _serving_lines(serving: dict, settings: dict) -> list[str]:
-    lines = [f"Serving: Triton ensemble, gRPC streaming, {settings['duration_s']:.0f} s per level, "
+    lines = [f"Serving: Triton ensemble, gRPC streaming, {served_runs(settings)}, "
              f"{settings['instances']} dflash instance(s) batching in flight; DFlash vs plain decoding (block size 1)",
              f"{'mode':<18}{'conc':>5}{'tok/s':>9}{'TTFT p50/p99 ms':>19}{'ITL p50/p99 ms':>18}{'TPOT ms':>9}"
              f"{'user tok/s min':>15}{'block':>7}{'plain':>7}{'requests':>10}{'errors':>8}"]
@@ -156,6 +156,13 @@ def _ms(value) -> str:
 
 def _times(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def served_runs(settings: dict) -> str:
+    """How long each served level ran: '20 s per level', or '3 runs of 20 s per mode and level'."""
+    rounds = settings.get("serving_rounds", 1)
+    duration = f"{settings['duration_s']:g} s"
+    return f"{rounds} runs of {duration} per mode and level" if rounds > 1 else f"{duration} per level"
 
 
 def served_speedup(serving: dict, level: str, key: str = "speedup") -> str:

@@ -186,6 +186,14 @@ def test_served_ratios_show_the_spread_of_their_rounds_when_several_ran():
     assert served_speedup({"speedup": {"1": 1.1}}, "1") == "1.10x"  # summaries written before the runs were kept
 
 
+def test_the_served_tables_say_how_many_runs_each_level_took():
+    from dflash_trt.benchmarks.report import served_runs
+
+    assert served_runs({"duration_s": 20.0, "serving_rounds": 3}) == "3 runs of 20 s per mode and level"
+    assert served_runs({"duration_s": 30.0, "serving_rounds": 1}) == "30 s per level"
+    assert served_runs({"duration_s": 2.5}) == "2.5 s per level"  # settings written before rounds existed
+
+
 def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run):
     from dflash_trt.benchmarks.markdown import results_page
     from dflash_trt.benchmarks.report import _serving_lines
@@ -201,8 +209,9 @@ def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run)
         in lines
     summary = json.loads((short_run[1] / "summary.json").read_text())
     summary["serving"] = serving
-    summary["settings"].update(duration_s=20.0, instances=1)
+    summary["settings"].update(duration_s=20.0, instances=1, serving_rounds=2)
     page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "gRPC streaming, 2 runs of 20 s per mode and level, 1 dflash instance(s)" in page
     assert "| plain-control | 1 | 40.0 |" in page and "plain / plain-control" in page
     assert "1.05x (runs 1.02-1.08x) at concurrency 1" in page
     del serving["control"], serving["control_runs"], serving["plain-control"]
