@@ -48,12 +48,9 @@ def run_serving(config: BenchConfig, prompts: list[str], log: Callable[[str], No
                                                                      max_batch), mode, prompts, log))
                   for mode, (block_size, max_batch) in modes.items()}
         results, runs = _load_interleaved(config, served, prompts, log)
-    results["speedup"] = {level: _ratio(results["dflash"][level], results["plain"][level])
-                          for level in results["dflash"]}
-    results["speedup_runs"] = round_ratios(runs)
+    results["speedup"], results["speedup_runs"] = level_ratios(results), round_ratios(runs)
     if config.plain_control:
-        results["control"] = {level: _ratio(results["plain"][level], results["plain-control"][level])
-                              for level in results["plain"]}
+        results["control"] = level_ratios(results, "plain", "plain-control")
         results["control_runs"] = round_ratios(runs, "plain", "plain-control")
     goodput = {mode: best_at_interactivity(results[mode], config.min_user_tokens_per_s) for mode in modes}
     both = goodput["dflash"] and goodput["plain"]
@@ -135,6 +132,11 @@ def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], lo
             log(f"serving {mode} concurrency {level}: {result['output_tokens_per_s']:.1f} tok/s, "
                 f"{result['num_requests']} requests, {result['num_errors']} errors")
     return results, all_runs
+
+
+def level_ratios(results: dict, mode: str = "dflash", baseline: str = "plain") -> dict[str, float | None]:
+    """{level: mode / baseline output tok/s of the level's rounds together}."""
+    return {level: _ratio(results[mode][level], results[baseline][level]) for level in results[mode]}
 
 
 def round_ratios(runs: dict[str, dict[str, list[LoadLevel]]], mode: str = "dflash", baseline: str = "plain"

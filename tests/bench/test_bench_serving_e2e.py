@@ -17,8 +17,8 @@ LEVEL_KEYS = {"concurrency", "duration_s", "num_requests", "num_errors", "error_
 def served_run(bench_engine, bench_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-served")
     config = BenchConfig(engine=bench_engine, out=out, prompts_dir=bench_prompts, num_prompts=1, max_new_tokens=8,
-                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, serving_rounds=2, instances=1,
-                         min_user_tokens_per_s=0.5)
+                         block_sizes=(4,), num_threads=1, concurrency=(1, 2), duration_s=2.0, serving_rounds=2,
+                         instances=1, min_user_tokens_per_s=0.5)
     run_bench(config, log=lambda _line: None)
     return out
 

@@ -12,8 +12,8 @@ from dflash_trt.benchmarks.loadgen import LoadLevel, RequestRecord
 
 
 def _load(monkeypatch, config, modes=("dflash", "plain")):
-    """serving._load_interleaved over two fake servers whose n-th run (1-based) is one request of 10 n tokens:
-    (results, each mode's runs per level, [(mode, level, duration_s) of each run in order])."""
+    """serving._load_interleaved over fake servers (one per mode) whose n-th run (1-based) is one request of 10 n
+    tokens: (results, each mode's runs per level, [(mode, level, duration_s) of each run in order])."""
     calls = []
 
     def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
