@@ -112,7 +112,7 @@ bench: setup ## Benchmark an engine in process and through Triton: [ENGINE=engin
 
 results: setup ## Measure the demo engine (in process and served, DFlash vs plain); rewrite docs/results.md and README's table: [RESULTS_ARGS=...]
 	$(BIN)/dflash-trt bench-report --engine $(ENGINE) --out $(or $(OUT),out/results) --num-prompts 4 \
-		--max-new-tokens 64 --block-sizes 4,8 --concurrency 1,4,16,32 --duration 20 --serving-rounds 3 --num-threads 1 \
+		--max-new-tokens 64 --block-sizes 4,8 --concurrency 1,4,16,32 --duration 20 --serving-rounds 5 --num-threads 1 \
 		--report docs/results.md --readme README.md $(RESULTS_ARGS)
 
 check-batching: setup ## Served in-flight batching against each request alone (500 at concurrency 16): [ENGINE=...] [CHECK_ARGS=...]

@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 
 from dflash_trt.benchmarks.multi_turn import format_multi_turn
+from dflash_trt.benchmarks.stats import ratio_interval
 from dflash_trt.benchmarks.sweep import SweepResult
 
 # The served modes in the order the tables list them (benchmarks/serving.py; the last two only when asked for).
@@ -167,7 +168,12 @@ def served_runs(settings: dict) -> str:
 
 def served_speedup(serving: dict, level: str, key: str = "speedup") -> str:
     """A served level's DFlash / plain throughput (key "control": plain / plain-control), with the range of its
-    rounds' ratios when it ran several (benchmarks/serving.py): '1.02x (runs 0.96-1.08x)'."""
+    rounds' ratios when it ran several (benchmarks/serving.py), and from three rounds on the 95% confidence interval
+    of their mean (benchmarks/stats.py): '1.02x (runs 0.96-1.08x, 95% CI 0.94-1.10x)'."""
     text = _times(serving[key][level])
     runs = [r for r in serving.get(f"{key}_runs", {}).get(level, []) if r is not None]
-    return f"{text} (runs {min(runs):.2f}-{max(runs):.2f}x)" if len(runs) > 1 else text
+    if len(runs) < 2:
+        return text
+    interval = ratio_interval(runs)
+    confidence = f", 95% CI {interval[0]:.2f}-{interval[1]:.2f}x" if interval else ""
+    return f"{text} (runs {min(runs):.2f}-{max(runs):.2f}x{confidence})"
