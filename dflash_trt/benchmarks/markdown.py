@@ -149,6 +149,10 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
         ratios = ", ".join(f"{served_speedup(serving, level, 'control')} at concurrency {level}"
                            for level in serving["control"])
         lines += ["", f"Two plain servers, plain / plain-control (what the comparison resolves here): {ratios}."]
+    if any(len(runs) > 2 for runs in serving.get("speedup_runs", {}).values()):
+        lines += ["", "runs: the range of the rounds' ratios, each of two runs back to back; 95% CI: the interval of "
+                  "their mean (Student's t over their logarithms). The rounds of one run share the machine's state "
+                  "of those minutes, so another run may fall outside it."]
     return lines
 
 

@@ -216,6 +216,11 @@ def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run)
     assert "gRPC streaming, 2 runs of 20 s per mode and level, 1 dflash instance(s)" in page
     assert "| plain-control | 1 | 40.0 |" in page and "plain / plain-control" in page
     assert "1.05x (runs 1.02-1.08x) at concurrency 1" in page
+    assert "95% CI" not in page  # two rounds: no interval, and nothing to explain
+    serving["speedup_runs"]["1"] = [0.9, 1.1, 1.0]
+    page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "1.00x (runs 0.90-1.10x, 95% CI 0.78-1.28x) at concurrency 1" in page
+    assert "95% CI: the interval of their mean (Student's t over their logarithms)" in page
     del serving["control"], serving["control_runs"], serving["plain-control"]
     assert not any("plain-control" in line for line in _serving_lines(serving, {"duration_s": 20.0, "instances": 1}))
 
