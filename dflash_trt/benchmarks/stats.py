@@ -32,7 +32,7 @@ def t_quantile_975(degrees: int) -> float:
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
     """The 95% confidence interval of the rounds' (geometric) mean ratio; None for fewer than 3 positive ratios
-    (two rounds give an interval ~13 standard errors wide, which says nothing)."""
+    (with two rounds the interval reaches 12.7 standard errors either side of the mean, which says nothing)."""
     logs = [math.log(r) for r in ratios if r is not None and r > 0]
     if len(logs) < 3:
         return None

@@ -181,7 +181,7 @@ def test_served_ratios_show_the_spread_of_their_rounds_when_several_ran():
     serving = {"speedup": {"1": 1.02, "4": 0.99, "16": None},
                "speedup_runs": {"1": [0.96, 1.08, 1.01], "4": [0.99], "16": [None, None]}}
     assert served_speedup(serving, "1") == "1.02x (runs 0.96-1.08x, 95% CI 0.88-1.18x)"
-    serving["speedup_runs"]["1"] = [0.96, 1.08]  # two rounds: a range, no interval (it would be ~13 errors wide)
+    serving["speedup_runs"]["1"] = [0.96, 1.08]  # two rounds: a range, no interval (12.7 standard errors either side)
     assert served_speedup(serving, "1") == "1.02x (runs 0.96-1.08x)"
     assert served_speedup(serving, "4") == "0.99x"  # one round: nothing to spread
     assert served_speedup(serving, "16") == "-"
