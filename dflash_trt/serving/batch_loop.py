@@ -4,10 +4,10 @@
 the scheduler, which runs every admitted request in one decoding batch. After each step the loop sends
 each request the chunk it released, checks every request's cancellation (its own `is_cancelled` and the
 cancel board), and aborts what was cancelled or stopped by a stop word, so it leaves the batch before
-the next step. `wait_for_room` blocks `execute` while the scheduler is full, so further requests wait in
-Triton's queue (whose size and timeout still apply). A failure of one request's output (e.g. its stop
-words) ends that request only; a failure of a decoding step ends the requests of that batch with an
-error and starts a fresh scheduler.
+the next step. `execute` waits for room (`wait_for_room`) before it submits a request, so a request that finds the
+scheduler full waits there and further ones in Triton's queue (whose size and timeout still apply). A failure of
+one request's output (e.g. its stop words) ends that request only; a failure of a decoding step ends the requests
+of that batch with an error and starts a fresh scheduler.
 """
 
 from __future__ import annotations

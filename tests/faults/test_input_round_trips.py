@@ -196,31 +196,35 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
 
 
 class FullQueue:
-    """Holds the decoding steps, puts one request in the batch (of one) and one in the queue (of one), so the
-    next request finds the queue full; on exit releases both and waits for their answers."""
+    """Holds the decoding steps and fills the model: one request in the batch (of one), one waiting for room in the
+    model's execute (counted in flight), one in Triton's queue (of one), so the next request finds the queue full; on
+    exit releases them and waits for their answers."""
 
     def __init__(self, triton, gate: Path):
         self.triton, self.gate, self.threads, self.answers = triton, gate, [], []
 
     def __enter__(self):
         (self.gate / "hold").touch()
-        for _ in range(2):
-            thread = threading.Thread(target=lambda: self.answers.append(
-                generate(self.triton, {"text_input": "hold on", "max_tokens": 8})))
-            thread.start()
-            self.threads.append(thread)
-            if len(self.threads) == 1:
-                wait_for(lambda: metric(self.triton, "dflash_requests_in_flight", "dflash") == 1,
-                         "the first request in the batch")
+        for held in (1, 2):
+            self._send()
+            wait_for(lambda: metric(self.triton, "dflash_requests_in_flight", "dflash") == held,
+                     f"request {held} in the model")
+        self._send()
         wait_for(lambda: metric(self.triton, "nv_inference_pending_request_count", "dflash") == 1,
-                 "the second request in the queue")
+                 "the third request in the queue")
         return self
+
+    def _send(self) -> None:
+        thread = threading.Thread(target=lambda: self.answers.append(
+            generate(self.triton, {"text_input": "hold on", "max_tokens": 8})))
+        thread.start()
+        self.threads.append(thread)
 
     def __exit__(self, *exc):
         (self.gate / "hold").unlink()
         for thread in self.threads:
             thread.join(timeout=300)
-        assert [status for status, _ in self.answers] == [200, 200], self.answers
+        assert [status for status, _ in self.answers] == [200, 200, 200], self.answers
 
 
 def test_a_full_queue_is_tritons_400_naming_the_queue(triton, gate):
