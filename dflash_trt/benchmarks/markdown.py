@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from dflash_trt.benchmarks.report import SERVED_MODES, served_runs, served_speedup
+from dflash_trt.benchmarks.stats import ratio_interval
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,7 +150,7 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
         ratios = ", ".join(f"{served_speedup(serving, level, 'control')} at concurrency {level}"
                            for level in serving["control"])
         lines += ["", f"Two plain servers, plain / plain-control (what the comparison resolves here): {ratios}."]
-    if any(len(runs) > 2 for runs in serving.get("speedup_runs", {}).values()):
+    if any(ratio_interval(runs) for runs in serving.get("speedup_runs", {}).values()):  # a CI was printed
         lines += ["", "runs: the range of the rounds' ratios, each of two runs back to back; 95% CI: the interval of "
                   "their mean (Student's t over their logarithms). The rounds of one run share the machine's state "
                   "of those minutes, so another run may fall outside it."]
