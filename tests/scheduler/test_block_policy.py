@@ -275,7 +275,7 @@ def _plain_regime(policy, steps: int, catch_up_seconds: float, batch_size: int =
 
 
 def test_exploring_from_plain_is_rare_when_the_catch_up_it_causes_is_dear():
-    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, explore_window_s=10**9)  # (the budget's window: below)
     policy.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
     chosen = _plain_regime(policy, 3000, catch_up_seconds=0.300)
     explored = sum(plan.block_size > 1 for plan in chosen)
@@ -288,6 +288,24 @@ def test_exploring_from_plain_is_rare_when_the_catch_up_it_causes_is_dear():
     cheap = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
     cheap.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
     assert sum(plan.block_size > 1 for plan in _plain_regime(cheap, 3000, catch_up_seconds=0.0)) > 3 * explored
+
+
+def test_the_exploration_budget_is_a_share_of_the_recent_time_not_of_all_time():
+    """A server that drafted one request at a time for long, where exploring costs little beyond the best plan, then
+    runs loaded and plain: the headroom left from the quiet hours must not be spent in a burst of dear explorations
+    (each one a catch-up of the whole batch). Within the loaded stretch, exploration takes about explore_share of
+    its time, as it would on a fresh server."""
+    def quiet_then_loaded(window_s: float) -> int:
+        policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50, explore_window_s=window_s)
+        for _ in range(40000):  # 400 s at one request in flight: a chain of 4 pays (3 tokens in 10 ms)
+            plan = policy.choose(1)
+            policy.observe(1, plan, 0.005 + 0.0015 * plan.block_size, [min(plan.block_size - 1, 2)])
+        return sum(plan.block_size > 1 for plan in _plain_regime(policy, 1000, catch_up_seconds=0.300))
+
+    # 1000 plain steps take 30 s; 1% of it pays for one exploration of 0.33 s (and the acceptance learnt at one request
+    # in flight makes the step after it draft once more, on its merits)
+    assert quiet_then_loaded(window_s=30.0) <= 2
+    assert quiet_then_loaded(window_s=10**9) >= 8  # all time: 1% of 400 s spent in the first loaded steps
 
 
 def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with():

@@ -59,7 +59,8 @@ def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead(fi
             marks.append(len(policy.events))
         if not scheduler.has_unfinished:
             break
-        scheduler.step()
+        if any(out.is_final for out in scheduler.step()):
+            policy.events.append(("finished",))
         _busy(CALLER_S)
     events = policy.events
     overheads = [e for e in events if e[0] == "overhead"]
@@ -71,13 +72,42 @@ def test_the_time_between_back_to_back_decoding_steps_is_observed_as_overhead(fi
     # The first observed step follows the group's first step, and the step after the newcomer's prefill follows
     # that: neither is preceded by an overhead. A plain first step is the batch's step, of both rows; a drafted one
     # runs on the newcomer alone, unobserved, and the batch's step after it is not preceded by an overhead either.
-    # Every other step is.
+    # The step after one in which a row finished is not either (test_the_time_after_a_step_in_which_rows_finished_
+    # is_not_overhead). Every other step is.
     steps = [i for i, e in enumerate(events) if e[0] == "step"]
     unobserved = [i for i in steps if i == 0 or events[i - 1][0] != "overhead"]
     after_join = [i for i in steps if i >= marks[0]][:1 if first_plan == PLAIN else 2]
-    assert unobserved == [steps[0], *after_join]
+    after_finish = [i + 1 for i, e in enumerate(events[:-1]) if e[0] == "finished"]
+    assert after_finish and unobserved == [steps[0], *after_join, *after_finish]
     assert events[after_join[0]] == ("step", 2 if first_plan == PLAIN else 1)
     assert ("step", 2) in events  # the newcomer joined the batch
+
+
+def test_the_time_after_a_step_in_which_rows_finished_is_not_overhead():
+    """Rows that finish cost their own work before the next step (the prefix cache stores their answers, the caller
+    sends their last responses): per request, not per step. Counted as overhead it rated the steps of the batch they
+    leave behind as dear and drafting as cheap there."""
+    model = make_tiny_target("llama", seed=1)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    policy = RecordingPolicy()
+    scheduler = Scheduler(target, drafter, 4, policy=policy)
+    for max_new_tokens in (6, 12, 30):
+        scheduler.add_request([3, 4, 5, 6, 7], SamplingParams(max_new_tokens=max_new_tokens))
+    finished = 0
+    while scheduler.has_unfinished:
+        outputs = scheduler.step()
+        if any(out.is_final for out in outputs):
+            finished += 1
+            policy.events.append(("finished",))
+        _busy(CALLER_S)
+    assert finished == 3
+    events = policy.events
+    after_finish = [i for i, e in enumerate(events) if e[0] == "finished"]
+    assert len(after_finish) == 3 and after_finish[-1] == len(events) - 1
+    for i in after_finish[:2]:  # the step after a finish is not preceded by an overhead
+        assert events[i + 1][0] == "step", events[i - 2:i + 3]
+    # while the steps between finishes are
+    assert sum(e[0] == "overhead" for e in events) >= 20
 
 
 def test_a_per_step_overhead_turns_a_chain_that_ties_with_plain_into_one_that_pays():

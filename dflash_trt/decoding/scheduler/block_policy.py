@@ -36,8 +36,11 @@ tokens per second for the current batch size B:
   within 25% of its token count, e.g. only at a much smaller batch) gets one plain step before drafting is
   preferred there, since extrapolating from a small batch overstates a plain step's cost; then at most every
   `explore_every`-th decision, and only while exploration's cost beyond the best plan's steps (the catch-ups it
-  causes included) stays within `explore_share` of the measured time, it tries another plan: decoding plain, the
-  best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and plain.
+  causes included) stays within `explore_share` of the recent measured time, it tries another plan: decoding plain,
+  the best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and
+  plain. "Recent": both sums decay with a half-life of `explore_window_s` seconds of steps, so that the headroom a
+  long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than the best
+  plan) is not spent in a burst when the load rises and every exploration means a catch-up of the whole batch.
 
 The choice never changes what is generated (every plan's verification is lossless), only how fast.
 `FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
@@ -348,11 +351,12 @@ class AdaptiveBlockSize:
 
     def __init__(self, max_block_size: int, explore_every: int = 50, sizes: Sequence[int] | None = None,
                  tree_budgets: Sequence[int] = (), explore_share: float = 0.01, catch_up_horizon: int = 16,
-                 draft_margin: float = 1.1):
+                 draft_margin: float = 1.1, explore_window_s: float = 30.0):
         """sizes: the block sizes a step may use (default 1..max_block_size; a drafter exported for one
         block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
         (tree_budget_ladder; none: chains only); explore_share: the largest share of the measured time that
-        exploration (its steps and the catch-ups they cause) may take; catch_up_horizon: the drafted steps a
+        exploration (its steps and the catch-ups they cause) may take of the recent time (explore_window_s: the
+        half-life of "recent", in seconds of observed steps); catch_up_horizon: the drafted steps a
         catch-up is spread over when drafting resumes on its merits; draft_margin: how much more a drafted plan's value
         must be than plain decoding's for it to be chosen (drafting costs more than its steps show: newcomers' prompts
         through the drafter, catch-ups when switching; and near a tie the noise of rarely measured steps would
@@ -361,6 +365,7 @@ class AdaptiveBlockSize:
             raise DFlashError(f"block_size must be >= 1, got {max_block_size}")
         self.max_block_size, self.explore_every = max_block_size, explore_every
         self.explore_share, self.catch_up_horizon, self.draft_margin = explore_share, catch_up_horizon, draft_margin
+        self.explore_window_s = explore_window_s
         self.sizes = sorted(set(sizes)) if sizes else list(range(1, max_block_size + 1))
         self.tree_budgets = sorted({check_tree_budget(b) for b in tree_budgets} - {0}) if max_block_size > 1 else []
         # Every plan it may choose, ordered by tokens verified per sequence (exploration takes neighbours).
@@ -375,8 +380,8 @@ class AdaptiveBlockSize:
         self.decisions = 0
         self.explorations = 0
         self.last_explored = 0  # the decision that last explored
-        self.seconds = 0.0  # every observed step and catch-up
-        self.explore_seconds = 0.0  # those of exploration steps and the catch-ups they caused
+        self.seconds = 0.0  # every observed step and catch-up, decayed (_account)
+        self.explore_seconds = 0.0  # what exploration steps and the catch-ups they caused cost beyond the best plan
         self._exploring: StepPlan | None = None  # the plan of the exploration step under way
         self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
@@ -535,7 +540,7 @@ class AdaptiveBlockSize:
     def _may_explore(self, batch_size: int, plan: StepPlan, best: StepPlan, catch_up_rows: int) -> bool:
         """At most one exploration every explore_every decisions, and only while what exploring costs beyond the best
         plan's steps (the catch-ups that drafting after plain steps needs included) stays within explore_share of
-        the measured time."""
+        the recent measured time (_account)."""
         if self.decisions - self.last_explored < self.explore_every:
             return False
         excess = max((self.cost(batch_size, plan) or 0.0) - (self.cost(batch_size, best) or 0.0), 0.0)
@@ -546,18 +551,21 @@ class AdaptiveBlockSize:
     def observe_overhead(self, batch_size: int, seconds: float) -> None:
         self.overhead.observe(batch_size, seconds)
 
+    def _account(self, seconds: float, explored: float) -> None:
+        """Add a step's (or a catch-up's) seconds to the recent time and what exploring cost of them to the recent
+        exploration time (the budget of _may_explore); both decay with a half-life of explore_window_s."""
+        keep = 0.5 ** (seconds / self.explore_window_s)
+        self.seconds = self.seconds * keep + seconds
+        self.explore_seconds = self.explore_seconds * keep + explored
+
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         self.catch_up.observe(rows, seconds)
-        self.seconds += seconds
-        if self._exploring is not None:
-            self.explore_seconds += seconds
+        self._account(seconds, seconds if self._exploring is not None else 0.0)
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         self.steps_run[plan] += 1
-        self.seconds += seconds
-        if self._exploring is not None:
-            self.explore_seconds += max(seconds - self._baseline, 0.0)
-            self._exploring = None
+        self._account(seconds, max(seconds - self._baseline, 0.0) if self._exploring is not None else 0.0)
+        self._exploring = None
         if plan.block_size == 1:
             self.plain.observe(batch_size, seconds)
             return

@@ -268,6 +268,12 @@ class Scheduler:
 
     def _leave(self) -> None:
         if self.running is not None:
+            if any(r.is_finished for r in self.running.requests):
+                # What finished rows cost before the next step (the prefix cache storing their answers, the caller
+                # sending their last responses) is paid per request, whatever the plans: the time to the next step
+                # is not the overhead every step carries (counted as such, it made steps at the batch sizes that
+                # finishes leave behind look dear, and drafting look cheap there: 5-11 ms against 2 ms at 4 in flight).
+                self._decoded_at = None
             self._store_answers(self.running)
             self.running.drop_finished()
             if not self.running.requests:
