@@ -308,6 +308,19 @@ def test_the_exploration_budget_is_a_share_of_the_recent_time_not_of_all_time():
     assert quiet_then_loaded(window_s=10**9) >= 8  # all time: 1% of 400 s spent in the first loaded steps
 
 
+def test_exploring_from_plain_backs_off_while_drafting_keeps_losing():
+    """A loaded server where every exploration finds drafting still losing re-checks ever more rarely: the wait doubles
+    from 50 decisions up to 800, instead of spending explore_share on it for good. (Near the margin it does not back
+    off: test_a_policy_that_measured_only_long_chains_still_finds_the_short_one_that_pays.)"""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    policy.observe(16, StepPlan(MAX_BLOCK), 0.060, [0] * 16)
+    chosen = _plain_regime(policy, 6000, catch_up_seconds=0.0)  # cheap explorations: the budget alone allows ~40
+    explored = [step for step, plan in enumerate(chosen) if plan.block_size > 1]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == 16 * 50, gaps
+    assert len(explored) <= 10
+
+
 def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with():
     policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=1, explore_share=1.0)
     for size in range(2, MAX_BLOCK + 1):

@@ -41,6 +41,10 @@ tokens per second for the current batch size B:
   plain. "Recent": both sums decay with a half-life of `explore_window_s` seconds of steps, so that the headroom a
   long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than the best
   plan) is not spent in a burst when the load rises and every exploration means a catch-up of the whole batch.
+  Decoding plain, each exploration in a row after which every drafted plan is still worth less than plain decoding
+  at that batch size (margin aside) doubles the decisions until the next one there (up to 16x explore_every): a
+  loaded server that drafting does not pay for re-checks it ever more rarely, instead of spending explore_share on
+  it for good.
 
 The choice never changes what is generated (every plan's verification is lossless), only how fast.
 `FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
@@ -383,6 +387,9 @@ class AdaptiveBlockSize:
         self.seconds = 0.0  # every observed step and catch-up, decayed (_account)
         self.explore_seconds = 0.0  # what exploration steps and the catch-ups they caused cost beyond the best plan
         self._exploring: StepPlan | None = None  # the plan of the exploration step under way
+        self._exploring_from_plain = False  # ... chosen while plain decoding was the best plan
+        # Per batch size: explorations from plain in a row after which drafting still lost (_explore_interval).
+        self._plain_confirmed: Counter[int] = Counter()
         self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
         # (expected tokens, step seconds before any catch-up and before the short-chain bound, that bound's line) of
@@ -511,15 +518,23 @@ class AdaptiveBlockSize:
         best = self.best(batch_size, catch_up_rows)
         if best.block_size > 1 and 1 in self.sizes and not self.plain.measured_near(batch_size):
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
-        if self.decisions - self.last_explored < self.explore_every:
+        if self.decisions - self.last_explored < self._explore_interval(batch_size, best):
             return best  # (checked first: choosing the plan to explore costs more than the choice itself)
         neighbour = self._neighbour(best, batch_size, catch_up_rows)
         if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
             self.explorations += 1
             self.last_explored = self.decisions
             self._exploring, self._baseline = neighbour, self._step_seconds(batch_size, best) or 0.0
+            self._exploring_from_plain = best.block_size == 1
             return neighbour
         return best
+
+    def _explore_interval(self, batch_size: int, best: StepPlan) -> int:
+        """Decisions between explorations: explore_every, doubled, decoding plain, for each exploration in a row at
+        this batch size after which drafting still lost (_drafting_loses; at most 16x)."""
+        if best.block_size > 1:
+            return self.explore_every
+        return self.explore_every << min(self._plain_confirmed[batch_size], 4)
 
     def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
         """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
@@ -541,7 +556,7 @@ class AdaptiveBlockSize:
         """At most one exploration every explore_every decisions, and only while what exploring costs beyond the best
         plan's steps (the catch-ups that drafting after plain steps needs included) stays within explore_share of
         the recent measured time (_account)."""
-        if self.decisions - self.last_explored < self.explore_every:
+        if self.decisions - self.last_explored < self._explore_interval(batch_size, best):
             return False
         excess = max((self.cost(batch_size, plan) or 0.0) - (self.cost(batch_size, best) or 0.0), 0.0)
         if plan.block_size > 1:
@@ -564,8 +579,23 @@ class AdaptiveBlockSize:
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         self.steps_run[plan] += 1
+        explored_from_plain = self._exploring is not None and self._exploring_from_plain
         self._account(seconds, max(seconds - self._baseline, 0.0) if self._exploring is not None else 0.0)
         self._exploring = None
+        self._learn(batch_size, plan, seconds, accepted)
+        if explored_from_plain:
+            self._plain_confirmed[batch_size] = self._plain_confirmed[batch_size] + 1 \
+                if self._drafting_loses(batch_size) else 0
+
+    def _drafting_loses(self, batch_size: int) -> bool:
+        """Whether every drafted plan's value at `batch_size` is below plain decoding's, margin aside (near the margin
+        a few steps' acceptance can tip it, and exploring keeps its pace)."""
+        values = self._values(batch_size)
+        plain = values.pop(PLAIN, None)
+        return plain is not None and all(value < plain for value in values.values())
+
+    def _learn(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
+        """Fold one step into the costs and acceptance of its mode."""
         if plan.block_size == 1:
             self.plain.observe(batch_size, seconds)
             return
