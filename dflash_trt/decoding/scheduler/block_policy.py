@@ -553,11 +553,9 @@ class AdaptiveBlockSize:
         return self.plans[index + step if 0 <= index + step < len(self.plans) else index - step]
 
     def _may_explore(self, batch_size: int, plan: StepPlan, best: StepPlan, catch_up_rows: int) -> bool:
-        """At most one exploration every explore_every decisions, and only while what exploring costs beyond the best
-        plan's steps (the catch-ups that drafting after plain steps needs included) stays within explore_share of
-        the recent measured time (_account)."""
-        if self.decisions - self.last_explored < self._explore_interval(batch_size, best):
-            return False
+        """Whether exploring `plan` now keeps what exploring costs beyond the best plan's steps (the catch-ups that
+        drafting after plain steps needs included) within explore_share of the recent measured time (_account). The
+        wait between explorations (_explore_interval) is checked before, in choose()."""
         excess = max((self.cost(batch_size, plan) or 0.0) - (self.cost(batch_size, best) or 0.0), 0.0)
         if plan.block_size > 1:
             excess += self.catch_up.estimate(catch_up_rows)
