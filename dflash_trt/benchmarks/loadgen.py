@@ -6,7 +6,14 @@ Latency definitions (per request, then pooled over the requests of one level):
 - inter-token latency (ITL): the gap between two responses divided over the tokens of the later one,
   one sample per token, so a DFlash chunk of 5 tokens after 50 ms counts as 5 tokens at 10 ms;
 - time per output token (TPOT): (end - first token) / (tokens - 1), averaged over requests;
-- output tokens/s: tokens of the successful requests / (last completion - start of the level);
+- output tokens/s: tokens of the successful requests that arrived while the level's load was applied (from its
+  start to its deadline, `concurrency` requests in flight throughout) / that time. The requests still in flight
+  at the deadline are awaited but their later tokens are not counted: after the deadline fewer and fewer requests
+  are in flight (the level is over), and how long that drain lasts depends on where the requests of the last round
+  stand at the deadline, not on the server: with 64 tokens a request and 32 in flight one round lasts 8 s on a 2-core
+  CPU, so the drain of a 20 s level is up to a third of its time, and counting it moved one server's figure at 32
+  by up to 10% from run to run;
+- output tokens/s with drain: every token of the successful requests / (last completion - start of the level);
 - user tokens/s: one request's tokens / its own time from sending to the last token (what one user sees).
 """
 
@@ -38,6 +45,7 @@ class RequestRecord:
     ttft_s: float | None = None
     token_gaps_s: list[float] = field(default_factory=list)
     error: str = ""
+    tokens_under_load: int | None = None  # tokens that arrived by the level's deadline (None: every token)
 
     @property
     def ok(self) -> bool:
@@ -60,12 +68,15 @@ class LoadLevel:
     """The requests of one concurrency level and the wall time they took."""
 
     concurrency: int
-    duration_s: float
+    duration_s: float  # from the start to the last completion
     records: list[RequestRecord]
+    load_s: float | None = None  # from the start to the deadline (None: the whole duration)
 
     def summary(self) -> dict:
         ok = [r for r in self.records if r.ok]
         tokens = sum(r.num_output_tokens for r in ok)
+        under_load = sum(r.num_output_tokens if r.tokens_under_load is None else r.tokens_under_load for r in ok)
+        load_s = self.load_s or self.duration_s
         ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         gaps = [g for r in ok for g in r.token_gaps_s]
         tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
@@ -78,7 +89,8 @@ class LoadLevel:
             "num_errors": len(errors),
             "error_examples": sorted(set(errors))[:3],
             "output_tokens": tokens,
-            "output_tokens_per_s": tokens / self.duration_s if self.duration_s > 0 else 0.0,
+            "output_tokens_per_s": under_load / load_s if load_s > 0 else 0.0,
+            "output_tokens_per_s_with_drain": tokens / self.duration_s if self.duration_s > 0 else 0.0,
             "requests_per_s": len(ok) / self.duration_s if self.duration_s > 0 else 0.0,
             "ttft_ms": _percentiles(ttft),
             "itl_ms": _percentiles(gaps),
@@ -105,7 +117,8 @@ def _percentiles(seconds: list[float]) -> dict:
 
 def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency: int, duration_s: float,
               max_tokens: int, request_timeout_s: float = 600.0, clock=time.perf_counter, **params) -> LoadLevel:
-    """Keep `concurrency` requests in flight for duration_s (at least one each); returns every request's record."""
+    """Keep `concurrency` requests in flight for duration_s (at least one each); returns every request's record,
+    with the tokens that arrived by the deadline counted apart (module docstring: output tokens/s)."""
     prompt_cycle = itertools.cycle(prompts)
     lock = threading.Lock()
     records: list[RequestRecord] = []
@@ -120,7 +133,8 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
         while True:  # every stream measures at least one request, however late a loaded machine starts it
             record = _open(slot, clock)
             if record is None:
-                record = _one_request(slot.get(), next_prompt(), max_tokens, request_timeout_s, clock, params)
+                record = _one_request(slot.get(), next_prompt(), max_tokens, request_timeout_s, clock, params,
+                                      deadline)
             with lock:
                 records.append(record)
             if not record.ok:
@@ -130,11 +144,12 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
 
     run_workers(concurrency, work, open_stream, "load")
     end = max((r.end_s for r in records), default=clock())
-    return LoadLevel(concurrency, end - start, sorted(records, key=lambda r: r.start_s))
+    return LoadLevel(concurrency, end - start, sorted(records, key=lambda r: r.start_s), load_s=duration_s)
 
 
-def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, clock, params: dict) -> RequestRecord:
-    record = RequestRecord(start_s=clock(), end_s=0.0)
+def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, clock, params: dict,
+                 deadline: float) -> RequestRecord:
+    record = RequestRecord(start_s=clock(), end_s=0.0, tokens_under_load=0)
     last = record.start_s
     try:
         for chunk in stream.chunks(text, max_tokens, timeout_s=timeout_s, **params):
@@ -148,6 +163,8 @@ def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, c
             else:
                 record.token_gaps_s += [(now - last) / new] * new
             record.num_output_tokens, last = total, now
+            if now <= deadline:
+                record.tokens_under_load = total
     except Exception as error:  # noqa: BLE001 - every failure is a counted error, not a crash of the run
         record.error = f"{type(error).__name__}: {error}".strip()[:300]
     record.end_s = clock()

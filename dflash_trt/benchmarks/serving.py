@@ -151,7 +151,9 @@ def round_ratios(runs: dict[str, dict[str, list[LoadLevel]]], mode: str = "dflas
 def merged(runs: list[LoadLevel]) -> LoadLevel:
     """Runs of one concurrency level as one: their requests, over the sum of their times."""
     records = sorted((r for run in runs for r in run.records), key=lambda r: r.start_s)
-    return LoadLevel(runs[0].concurrency, sum(run.duration_s for run in runs), records)
+    loads = [run.load_s for run in runs]
+    return LoadLevel(runs[0].concurrency, sum(run.duration_s for run in runs), records,
+                     load_s=sum(loads) if all(loads) else None)
 
 
 def _warm_up(stream, prompt: str, timeout_s: float) -> None:

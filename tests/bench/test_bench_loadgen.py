@@ -42,6 +42,38 @@ def test_records_ttft_and_one_gap_per_token_after_the_first_chunk():
     assert summary["output_tokens_per_s"] > 0
 
 
+class TickingStream:
+    """Chunks of 1, 3 and 2 tokens, the shared clock one second later for each (no real waiting)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def chunks(self, text, max_tokens, timeout_s=0.0, **params):
+        total = 0
+        for size in (1, 3, 2):
+            self.clock.now += 1.0
+            total += size
+            yield {"text_output": "x" * size, "num_output_tokens": total}
+
+    def close(self):
+        pass
+
+
+def test_throughput_counts_the_tokens_that_arrived_while_the_load_was_applied():
+    """The request in flight at the deadline is awaited, but its tokens after it count only in the figure with
+    drain: tokens at t = 1, 2 (3 more) by the deadline 2.5, the last 2 at t = 3."""
+    from types import SimpleNamespace
+
+    clock = SimpleNamespace(now=0.0)
+    level = run_level(lambda: TickingStream(clock), ["a"], concurrency=1, duration_s=2.5, max_tokens=6,
+                      clock=lambda: clock.now)
+    summary = level.summary()
+    assert summary["num_requests"] == 1 and summary["output_tokens"] == 6
+    assert level.records[0].tokens_under_load == 4
+    assert summary["output_tokens_per_s"] == pytest.approx(4 / 2.5)
+    assert summary["output_tokens_per_s_with_drain"] == pytest.approx(6 / 3.0)
+
+
 def test_every_stream_measures_one_request_even_when_the_level_is_over_before_it_starts():
     """A loaded machine may start a worker thread after the level's duration: it still measures a request,
     so the counts do not depend on the machine's speed."""

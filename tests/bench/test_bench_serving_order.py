@@ -19,7 +19,9 @@ def _load(monkeypatch, config, modes=("dflash", "plain")):
     def fake_level(open_stream, prompts, level, duration_s, max_tokens, timeout_s, **params):
         calls.append((open_stream(), level, duration_s))
         start = float(len(calls))
-        return LoadLevel(level, duration_s, [RequestRecord(start, start + 1.0, num_output_tokens=10 * len(calls))])
+        return LoadLevel(level, duration_s + 1.0, [RequestRecord(start, start + 1.0, num_output_tokens=10 * len(calls),
+                                                                 tokens_under_load=5 * len(calls))],
+                         load_s=duration_s)
 
     monkeypatch.setattr(serving, "run_level", fake_level)
     monkeypatch.setattr("dflash_trt.serving.client.GrpcStream", lambda url: url)
@@ -48,9 +50,12 @@ def test_rounds_repeat_each_level_alternating_and_merge_each_modes_runs(monkeypa
     assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain", "dflash", "dflash", "plain",
                                               "plain", "dflash", "dflash", "plain", "plain", "dflash"]
     assert [level for _, level, _ in calls] == [4] * 6 + [16] * 6
-    # dflash at 4 ran 1st, 4th and 5th: 10 + 40 + 50 tokens over 3 runs of 15 s.
+    # dflash at 4 ran 1st, 4th and 5th: 10 + 40 + 50 tokens over 3 runs of 15 s under load and 1 s of drain each,
+    # 5 + 20 + 25 of them under load.
     level = results["dflash"]["4"]
-    assert level["output_tokens"] == 100 and level["duration_s"] == 45.0 and level["num_requests"] == 3
+    assert level["output_tokens"] == 100 and level["duration_s"] == 48.0 and level["num_requests"] == 3
+    assert level["output_tokens_per_s"] == pytest.approx(50 / 45)
+    assert level["output_tokens_per_s_with_drain"] == pytest.approx(100 / 48)
 
 
 def test_each_rounds_ratio_pairs_the_two_runs_it_took_back_to_back(monkeypatch, tmp_path):
