@@ -256,11 +256,14 @@ def test_a_drafted_plan_must_beat_plain_by_the_margin():
     assert tied(1.05) == PLAIN and tied(1.0) == StepPlan(2)
 
 
-def _plain_regime(policy, steps: int, catch_up_seconds: float, batch_size: int = 16) -> list[StepPlan]:
+def _plain_regime(policy, steps: int, catch_up_seconds: float, batch_size: int = 16,
+                  sizes: random.Random | None = None) -> list[StepPlan]:
     """A loaded server decoding plain: a plain step costs 30 ms, a drafted one 60 ms and pays a catch-up of every row
-    left pending (catch_up_seconds), and drafting never pays (acceptance 0)."""
-    chosen, pending = [], 0
+    left pending (catch_up_seconds), and drafting never pays (acceptance 0). sizes: each step's batch size drawn
+    from batch_size - 3 .. batch_size (requests leaving and joining), else always batch_size."""
+    chosen, pending, size = [], 0, batch_size
     for _ in range(steps):
+        batch_size = size if sizes is None else sizes.randint(size - 3, size)
         pending += 1
         rows = batch_size * pending
         plan = policy.choose(batch_size, catch_up_rows=rows)
@@ -319,6 +322,35 @@ def test_exploring_from_plain_backs_off_while_drafting_keeps_losing():
     gaps = [b - a for a, b in zip(explored, explored[1:])]
     assert gaps == sorted(gaps) and gaps[-1] == 16 * 50, gaps
     assert len(explored) <= 10
+
+
+def test_backing_off_at_a_batch_size_backs_off_at_the_larger_ones_too():
+    """Served at 16 in flight the batch moves between 13 and 16 rows as requests leave and join. Drafting that loses at
+    13 rows loses at more (each row costs a loaded target as much), so the wait there is at least 13's: the wait
+    reaches its 16x within 1300 decisions and 13 explorations are made over the 6000 steps (19 when each size counted
+    only its own explorations: 4 doublings of each size, every one an exploration; 10 at one batch size)."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=50)
+    for size in range(13, 17):
+        policy.observe(size, StepPlan(MAX_BLOCK), 0.060, [0] * size)
+    chosen = _plain_regime(policy, 6000, catch_up_seconds=0.0, sizes=random.Random(5))
+    explored = [step for step, plan in enumerate(chosen) if plan.block_size > 1]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert len(explored) <= 14 and gaps[-5:] == [16 * 50] * 5, gaps
+
+
+def test_drafting_that_holds_its_own_at_a_batch_size_ends_the_backoff_there_and_below():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=1, explore_share=1.0)
+    policy.observe(14, StepPlan(MAX_BLOCK), 0.060, [0] * 14)
+    for size in range(13, 17):
+        policy.observe(size, PLAIN, 0.030, [0] * size)
+    policy._plain_confirmed.update({13: 3, 16: 4})  # explorations at 13 and at 16 found drafting losing
+    assert policy._explore_interval(14, PLAIN) == 8
+    while (plan := policy.choose(14)) == PLAIN:
+        policy.observe(14, PLAIN, 0.030, [0] * 14)
+    policy.observe(14, plan, 0.031, [plan.block_size - 1] * 14)  # every draft accepted, at a plain step's cost
+    assert not policy._drafting_loses(14)
+    assert policy._explore_interval(13, PLAIN) == policy._explore_interval(14, PLAIN) == 1
+    assert policy._explore_interval(16, PLAIN) == 16  # (16 rows: nothing said)
 
 
 def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with():

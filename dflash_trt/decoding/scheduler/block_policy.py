@@ -42,9 +42,9 @@ tokens per second for the current batch size B:
   long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than the best
   plan) is not spent in a burst when the load rises and every exploration means a catch-up of the whole batch.
   Decoding plain, each exploration in a row after which every drafted plan is still worth less than plain decoding
-  at that batch size (margin aside) doubles the decisions until the next one there (up to 16x explore_every): a
-  loaded server that drafting does not pay for re-checks it ever more rarely, instead of spending explore_share on
-  it for good.
+  at that batch size (margin aside) doubles the decisions until the next one there and at every larger batch size
+  (up to 16x explore_every; more rows make drafting no cheaper): a loaded server that drafting does not pay for
+  re-checks it ever more rarely, instead of spending explore_share on it for good.
 
 The choice never changes what is generated (every plan's verification is lossless), only how fast.
 `FixedBlockSize` pins the plan (the switch), e.g. 1 for the plain-decoding baseline.
@@ -388,7 +388,7 @@ class AdaptiveBlockSize:
         self.explore_seconds = 0.0  # what exploration steps and the catch-ups they caused cost beyond the best plan
         self._exploring: StepPlan | None = None  # the plan of the exploration step under way
         self._exploring_from_plain = False  # ... chosen while plain decoding was the best plan
-        # Per batch size: explorations from plain in a row after which drafting still lost (_explore_interval).
+        # Per batch size: explorations from plain in a row after which drafting still lost there (_confirmed_losing).
         self._plain_confirmed: Counter[int] = Counter()
         self._baseline = 0.0  # what the step it replaced (the best plan's) would have cost
         self.steps_run: Counter[StepPlan] = Counter()  # steps observed per plan (reports show the mix)
@@ -531,10 +531,11 @@ class AdaptiveBlockSize:
 
     def _explore_interval(self, batch_size: int, best: StepPlan) -> int:
         """Decisions between explorations: explore_every, doubled, decoding plain, for each exploration in a row at
-        this batch size after which drafting still lost (_drafting_loses; at most 16x)."""
+        this batch size or a smaller one after which drafting still lost (_confirmed_losing; at most 16x): a batch
+        whose size moves as requests leave and join would otherwise explore at each size in turn."""
         if best.block_size > 1:
             return self.explore_every
-        return self.explore_every << min(self._plain_confirmed[batch_size], 4)
+        return self.explore_every << min(self._confirmed_losing(batch_size), 4)
 
     def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
         """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
@@ -582,8 +583,16 @@ class AdaptiveBlockSize:
         self._exploring = None
         self._learn(batch_size, plan, seconds, accepted)
         if explored_from_plain:
-            self._plain_confirmed[batch_size] = self._plain_confirmed[batch_size] + 1 \
-                if self._drafting_loses(batch_size) else 0
+            if self._drafting_loses(batch_size):
+                self._plain_confirmed[batch_size] = self._confirmed_losing(batch_size) + 1
+            else:  # drafting holds its own at this batch size, so at the smaller ones too
+                for size in [size for size in self._plain_confirmed if size <= batch_size]:
+                    del self._plain_confirmed[size]
+
+    def _confirmed_losing(self, batch_size: int) -> int:
+        """Explorations in a row after which drafting still lost, at this batch size or a smaller one (each row costs a
+        loaded target's step as much, so drafting that loses at 13 rows loses at 16)."""
+        return max((count for size, count in self._plain_confirmed.items() if size <= batch_size), default=0)
 
     def _drafting_loses(self, batch_size: int) -> bool:
         """Whether every drafted plan's value at `batch_size` is below plain decoding's, margin aside (near the margin
