@@ -11,8 +11,7 @@ Latency definitions (per request, then pooled over the requests of one level):
   at the deadline are awaited but their later tokens are not counted: after the deadline fewer and fewer requests
   are in flight (the level is over), and how long that drain lasts depends on where the requests of the last round
   stand at the deadline, not on the server: with 64 tokens a request and 32 in flight one round lasts 8 s on a 2-core
-  CPU, so the drain of a 20 s level is up to a third of its time, and counting it moved one server's figure at 32
-  by up to 10% from run to run;
+  CPU, so the drain of a 20 s level is up to a third of its time;
 - output tokens/s with drain: every token of the successful requests / (last completion - start of the level);
 - user tokens/s: one request's tokens / its own time from sending to the last token (what one user sees).
 """

@@ -145,7 +145,10 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
                 f"| {'-' if not drafting else format(100 * drafting['plain_step_share'], '.0f') + '%'} "
                 f"| {r['num_requests']} | {r['num_errors']} |")
     ratios = ", ".join(f"{served_speedup(serving, level)} at concurrency {level}" for level in serving["speedup"])
-    lines += ["", f"Output tokens/s, DFlash / plain: {ratios}."]
+    lines += ["", f"Output tokens/s, DFlash / plain: {ratios}. {UNDER_LOAD}"]
+    drained = _with_drain_ratios(serving)
+    if drained:
+        lines += ["", f"Counting the drain too (every token, to the last completion), DFlash / plain: {drained}."]
     if "control" in serving:
         ratios = ", ".join(f"{served_speedup(serving, level, 'control')} at concurrency {level}"
                            for level in serving["control"])
@@ -155,6 +158,24 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
                   "their mean (Student's t over their logarithms). The rounds of one run share the machine's state "
                   "of those minutes, so another run may fall outside it."]
     return lines
+
+
+# What a served level's output tokens/s counts (benchmarks/loadgen.py).
+UNDER_LOAD = ("Output tokens/s counts the tokens streamed while the level's load was applied (its duration), over that "
+              "time: the requests still in flight at its end are awaited, their later tokens not counted "
+              "(docs/benchmarks.md).")
+
+
+def _with_drain_ratios(serving: dict) -> str:
+    """'0.97x at concurrency 16, ...': DFlash / plain over whole runs, drain included ('' for older summaries)."""
+    parts = []
+    for level, r in serving["dflash"].items():
+        dflash, plain = r.get("output_tokens_per_s_with_drain"), serving["plain"][level].get(
+            "output_tokens_per_s_with_drain")
+        if dflash is None or not plain:
+            return ""
+        parts.append(f"{dflash / plain:.2f}x at concurrency {level}")
+    return ", ".join(parts)
 
 
 def _load(values) -> str:
@@ -199,7 +220,8 @@ def headline_table(summary: dict, command: str, commit: str, now: datetime.datet
     return "\n".join(rows) + (
         f"\n\nMeasured {now:%Y-%m-%d} on commit `{commit}`, {m['cpu']} ({m['num_cpus']} cores), load average "
         f"{' then '.join(loads)} (1/5/15 min; a shared machine lowers every figure). Produced by `make results`:\n"
-        f"`{command}`.\nEvery figure, per prompt family: [docs/results.md](docs/results.md).")
+        f"`{command}`.\n" + (f"Served: {UNDER_LOAD}\n" if serving else "")
+        + "Every figure, per prompt family: [docs/results.md](docs/results.md).")
 
 
 def update_readme(path: Path, table: str) -> Path:

@@ -173,6 +173,13 @@ def test_the_markdown_report_has_the_served_table_when_serving_ran(short_run):
     assert "5.0 / 4.0 / 3.0 when serving started, 6.0 / 5.0 / 4.0 at the end" in page
     assert "| dflash | 4 | 42.5 | 120 / 300 | 30 / - | 9.5 | 3.25 | 10% | 7 | 0 |" in page
     assert "| plain | 4 | 21.2 |" in page and "2.00x at concurrency 4" in page
+    assert "counts the tokens streamed while the level's load was applied" in page
+    assert "Counting the drain too" not in page  # a summary written before the drain was counted apart
+    summary["serving"]["dflash"]["4"]["output_tokens_per_s_with_drain"] = 30.0
+    summary["serving"]["plain"]["4"]["output_tokens_per_s_with_drain"] = 20.0
+    page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
+    assert "Counting the drain too (every token, to the last completion), DFlash / plain: 1.50x at concurrency 4." \
+        in page
 
 
 def test_served_ratios_show_the_spread_of_their_rounds_when_several_ran():
