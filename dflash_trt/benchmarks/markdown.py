@@ -220,7 +220,7 @@ def headline_table(summary: dict, command: str, commit: str, now: datetime.datet
     return "\n".join(rows) + (
         f"\n\nMeasured {now:%Y-%m-%d} on commit `{commit}`, {m['cpu']} ({m['num_cpus']} cores), load average "
         f"{' then '.join(loads)} (1/5/15 min; a shared machine lowers every figure). Produced by `make results`:\n"
-        f"`{command}`.\n" + (f"Served: {UNDER_LOAD}\n" if serving else "")
+        f"`{command}`.\n" + (f"Served: {UNDER_LOAD[0].lower()}{UNDER_LOAD[1:]}\n" if serving else "")
         + "Every figure, per prompt family: [docs/results.md](docs/results.md).")
 
 

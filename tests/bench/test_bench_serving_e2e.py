@@ -10,7 +10,8 @@ from dflash_trt.benchmarks.config import BenchConfig
 from dflash_trt.benchmarks.run import run_bench
 
 LEVEL_KEYS = {"concurrency", "duration_s", "num_requests", "num_errors", "error_examples", "output_tokens",
-              "output_tokens_per_s", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms", "user_tokens_per_s", "drafting"}
+              "output_tokens_per_s", "output_tokens_per_s_with_drain", "requests_per_s", "ttft_ms", "itl_ms", "tpot_ms",
+              "user_tokens_per_s", "drafting"}
 
 
 @pytest.fixture(scope="module")
