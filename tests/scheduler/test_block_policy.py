@@ -375,6 +375,45 @@ def test_a_catch_up_is_charged_to_drafting_after_plain_steps():
     assert policy.best(1, catch_up_rows=0) == StepPlan(2)
 
 
+def _drafting_after_catch_ups(policy: AdaptiveBlockSize, runs: int, run_length: int) -> None:
+    """`runs` times: a catch-up of 100 rows (40 ms), `run_length` drafted steps, then a plain step (the batch grew)."""
+    for _ in range(runs):
+        policy.observe_catch_up(100, 0.040)
+        for _ in range(run_length):
+            policy.observe(1, StepPlan(2), 0.015, [1])
+        policy.observe(1, PLAIN, 0.010, [0])
+
+
+def test_a_catch_up_is_spread_over_as_many_drafted_steps_as_catch_ups_bought_so_far():
+    """Drafting that pays on its own steps (~1.99 tokens in 15 ms against 1 in 10 ms) resumes after a backlog while a
+    catch-up has been followed by long drafting runs (its 40 ms spread over 16 steps), not while each catch-up bought
+    one drafted step before the batch went plain again (40 ms on that one step)."""
+    policy = AdaptiveBlockSize(2, explore_every=10**6)
+    policy.observe(1, PLAIN, 0.010, [0])
+    policy.acceptance.observe(2, [1] * 200)
+    _drafting_after_catch_ups(policy, runs=1, run_length=16)
+    assert policy.drafting_runs.steps() == 16
+    assert policy.best(1, catch_up_rows=100) == StepPlan(2)
+    _drafting_after_catch_ups(policy, runs=12, run_length=1)
+    assert policy.drafting_runs.steps() < 1.5
+    assert policy.best(1, catch_up_rows=100) == PLAIN
+    assert policy.best(1, catch_up_rows=0) == StepPlan(2)  # without a backlog drafting still pays
+    _drafting_after_catch_ups(policy, runs=12, run_length=40)  # longer runs again (counted as at most 16)
+    assert policy.drafting_runs.steps() > 15
+    assert policy.best(1, catch_up_rows=100) == StepPlan(2)
+
+
+def test_a_catch_up_that_only_bounds_a_plain_backlog_starts_no_drafting_run():
+    policy = AdaptiveBlockSize(2, explore_every=10**6)
+    for _ in range(5):
+        policy.observe_catch_up(100, 0.040)  # past max_pending_features while decoding plain
+        policy.observe(1, PLAIN, 0.010, [0])
+    assert policy.drafting_runs.mean is None and policy.drafting_runs.steps() == policy.catch_up_horizon
+    policy.observe(1, StepPlan(2), 0.015, [1])  # drafting with nothing to catch up: no run either
+    policy.observe(1, PLAIN, 0.010, [0])
+    assert policy.drafting_runs.mean is None
+
+
 def _best_from_values(policy: AdaptiveBlockSize, batch_size: int, catch_up_rows: int) -> StepPlan:
     """best() as the module docstring defines it, from value() of every plan (no cached estimates)."""
     known = {plan: policy.value(batch_size, plan, catch_up_rows) for plan in policy.plans}

@@ -25,7 +25,8 @@ tokens per second for the current batch size B:
   chain of as many tokens; a chain shorter than every chain measured at the batch size costs at most the line from
   a plain step to the shortest measured one (else a policy that measured only long chains would never try a short
   one). A drafted plan chosen while plain steps left a backlog of context rows pending carries the cost of taking
-  them in (CatchUpCost, measured by the scheduler apart from the step), spread over `catch_up_horizon` steps.
+  them in (CatchUpCost, measured by the scheduler apart from the step), spread over as many drafted steps as
+  followed a catch-up so far (DraftingRuns: a moving average, at most `catch_up_horizon`; that many before any).
   Every plan's cost also carries the time between two decoding steps outside them (the caller streaming a step's
   outputs, the scheduler's bookkeeping; measured by the scheduler between back-to-back decoding steps), which a
   step committing more tokens per row pays fewer times per token.
@@ -321,6 +322,38 @@ class CatchUpCost:
         return self.costs.estimate(rows) if self.costs and rows > 0 else 0.0
 
 
+class DraftingRuns:
+    """How many drafted steps in a row followed a catch-up (a moving average over the runs so far): what a catch-up
+    is spread over. Served at 4 in flight the batch drops to 3 rows for a step or two whenever a request finishes,
+    drafting pays a little at 3 rows, and the batch is back at 4 (plain) before a catch-up spread over 16 drafted
+    steps has paid for itself: the whole catch-up is the price of those one or two steps."""
+
+    def __init__(self, longest: int, smoothing: float = 0.25):
+        self.longest, self.smoothing = longest, smoothing
+        self.mean: float | None = None
+        self._current: int | None = None  # drafted steps since the last catch-up, while drafting goes on
+
+    def caught_up(self) -> None:
+        """The drafter took in a backlog: a new run starts (the one under way, if any, ends)."""
+        self.ended()
+        self._current = 0
+
+    def drafted(self) -> None:
+        if self._current is not None:
+            self._current += 1
+
+    def ended(self) -> None:
+        """A plain step: the run under way ends (a catch-up that only bounded the backlog started none)."""
+        if self._current:
+            length = min(self._current, self.longest)
+            self.mean = length if self.mean is None else self.mean + self.smoothing * (length - self.mean)
+        self._current = None
+
+    def steps(self) -> float:
+        """Drafted steps a catch-up is spread over: the mean run so far (1 to `longest`); `longest` before any."""
+        return self.longest if self.mean is None else min(max(self.mean, 1.0), self.longest)
+
+
 class TreeTokens:
     """Mean tokens committed per sequence by one tree budget's steps, older steps weighing less."""
 
@@ -360,8 +393,9 @@ class AdaptiveBlockSize:
         block size allows only 1 and that one); tree_budgets: the tree budgets it may choose besides chains
         (tree_budget_ladder; none: chains only); explore_share: the largest share of the measured time that
         exploration (its steps and the catch-ups they cause) may take of the recent time (explore_window_s: the
-        half-life of "recent", in seconds of observed steps); catch_up_horizon: the drafted steps a
-        catch-up is spread over when drafting resumes on its merits; draft_margin: how much more a drafted plan's value
+        half-life of "recent", in seconds of observed steps); catch_up_horizon: the most drafted steps a
+        catch-up is spread over when drafting resumes on its merits (fewer where drafting after catch-ups lasted
+        fewer, DraftingRuns); draft_margin: how much more a drafted plan's value
         must be than plain decoding's for it to be chosen (drafting costs more than its steps show: newcomers' prompts
         through the drafter, catch-ups when switching; and near a tie the noise of rarely measured steps would
         otherwise decide)."""
@@ -379,6 +413,7 @@ class AdaptiveBlockSize:
         self.acceptance = AcceptanceEstimate(max(max_block_size, 2))
         self.plain, self.drafted, self.trees = PlainStepCosts(), BatchStepCosts(), BatchStepCosts()
         self.catch_up = CatchUpCost()
+        self.drafting_runs = DraftingRuns(catch_up_horizon)
         self.overhead = StepCosts(smoothing=0.1)  # seconds between two decoding steps outside them, per batch size
         self.tree_tokens: dict[int, TreeTokens] = {}
         self.decisions = 0
@@ -407,13 +442,13 @@ class AdaptiveBlockSize:
 
     def _step_seconds(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Seconds of the step itself; a drafted one after a backlog of catch_up_rows context rows carries its share
-        of taking them in (the catch-up spread over catch_up_horizon steps)."""
+        of taking them in (the catch-up spread over the drafted steps a catch-up has bought so far, DraftingRuns)."""
         if plan.block_size == 1:
             return self._plain_cost(batch_size)
         seconds = self._drafted_seconds(batch_size, plan)
         if seconds is None:
             return None
-        return seconds + self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+        return seconds + self.catch_up.estimate(catch_up_rows) / self.drafting_runs.steps()
 
     def _overhead(self, batch_size: int) -> float:
         """Seconds between two decoding steps outside them (0 before any was measured): a step that commits more
@@ -483,7 +518,7 @@ class AdaptiveBlockSize:
         plain, overhead = self._plain_cost(batch_size), self._overhead(batch_size)
         if 1 in self.sizes and plain is not None:
             values[PLAIN] = 1.0 / max(plain + overhead, 1e-9)
-        catch_up = self.catch_up.estimate(catch_up_rows) / self.catch_up_horizon
+        catch_up = self.catch_up.estimate(catch_up_rows) / self.drafting_runs.steps()
         for plan, tokens, seconds, line in self._drafted_estimates(batch_size):
             if seconds is not None:
                 values[plan] = tokens / max(_bounded(seconds, line, plain) + catch_up + overhead, 1e-9)
@@ -574,10 +609,15 @@ class AdaptiveBlockSize:
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         self.catch_up.observe(rows, seconds)
+        self.drafting_runs.caught_up()
         self._account(seconds, seconds if self._exploring is not None else 0.0)
 
     def observe(self, batch_size: int, plan: StepPlan, seconds: float, accepted: Sequence[int]) -> None:
         self.steps_run[plan] += 1
+        if plan.block_size > 1:
+            self.drafting_runs.drafted()
+        else:
+            self.drafting_runs.ended()
         explored_from_plain = self._exploring is not None and self._exploring_from_plain
         self._account(seconds, max(seconds - self._baseline, 0.0) if self._exploring is not None else 0.0)
         self._exploring = None
