@@ -28,6 +28,9 @@ class BenchConfig:
     serving: bool = True
     concurrency: tuple[int, ...] = (1, 4, 16, 32)
     duration_s: float = 30.0  # per concurrency level; requests started before the end are awaited
+    # Served requests ask for max_new_tokens +- this share of it (a seeded sequence, the same for every server;
+    # loadgen.request_lengths): real requests differ in length. 0: every request max_new_tokens.
+    served_length_spread: float = 0.25
     serving_rounds: int = 1  # served runs per mode and level, the order of the modes alternating from run to run
     instances: int = 1  # dflash model instances of each served repository (each batches in flight)
     # "Throughput at fixed interactivity": the best total tok/s of a level where every request still got
@@ -45,6 +48,11 @@ class BenchConfig:
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 600.0
 
+    @property
+    def served_length_spread_tokens(self) -> int:
+        """The spread of served requests' max tokens, in tokens."""
+        return int(self.served_length_spread * self.max_new_tokens)
+
     def validate(self) -> None:
         for name in ("num_prompts", "max_new_tokens", "instances", "multi_turn_conversations", "prefix_cache_bytes",
                      "serving_rounds"):
@@ -61,6 +69,8 @@ class BenchConfig:
             raise DFlashError(f"multi-turn concurrency levels must be >= 1, got {self.multi_turn_concurrency}")
         if self.min_user_tokens_per_s < 0:
             raise DFlashError(f"min_user_tokens_per_s must be >= 0, got {self.min_user_tokens_per_s}")
+        if not 0 <= self.served_length_spread < 1:
+            raise DFlashError(f"served_length_spread must be in [0, 1), got {self.served_length_spread}")
         if self.duration_s <= 0:
             raise DFlashError(f"duration_s must be > 0, got {self.duration_s}")
 

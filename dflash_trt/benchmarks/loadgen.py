@@ -19,11 +19,12 @@ Latency definitions (per request, then pooled over the requests of one level):
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from dflash_trt.benchmarks.workers import StreamSlot, run_workers
 
@@ -115,25 +116,27 @@ def _percentiles(seconds: list[float]) -> dict:
 
 
 def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency: int, duration_s: float,
-              max_tokens: int, request_timeout_s: float = 600.0, clock=time.perf_counter, **params) -> LoadLevel:
+              max_tokens: int, request_timeout_s: float = 600.0, clock=time.perf_counter, max_tokens_spread: int = 0,
+              **params) -> LoadLevel:
     """Keep `concurrency` requests in flight for duration_s (at least one each); returns every request's record,
-    with the tokens that arrived by the deadline counted apart (module docstring: output tokens/s)."""
-    prompt_cycle = itertools.cycle(prompts)
+    with the tokens that arrived by the deadline counted apart (module docstring: output tokens/s). Requests ask
+    for max_tokens +- max_tokens_spread tokens (request_lengths)."""
+    requests = zip(itertools.cycle(prompts), request_lengths(max_tokens, max_tokens_spread))
     lock = threading.Lock()
     records: list[RequestRecord] = []
     start = clock()
     deadline = start + duration_s
 
-    def next_prompt() -> str:
+    def next_request() -> tuple[str, int]:
         with lock:
-            return next(prompt_cycle)
+            return next(requests)
 
     def work(slot: StreamSlot) -> None:
         while True:  # every stream measures at least one request, however late a loaded machine starts it
             record = _open(slot, clock)
             if record is None:
-                record = _one_request(slot.get(), next_prompt(), max_tokens, request_timeout_s, clock, params,
-                                      deadline)
+                prompt, length = next_request()
+                record = _one_request(slot.get(), prompt, length, request_timeout_s, clock, params, deadline)
             with lock:
                 records.append(record)
             if not record.ok:
@@ -144,6 +147,19 @@ def run_level(open_stream: Callable[[], Stream], prompts: list[str], concurrency
     run_workers(concurrency, work, open_stream, "load")
     end = max((r.end_s for r in records), default=clock())
     return LoadLevel(concurrency, end - start, sorted(records, key=lambda r: r.start_s), load_s=duration_s)
+
+
+def request_lengths(max_tokens: int, spread: int, seed: int = 0) -> Iterator[int]:
+    """The max tokens of the requests in the order they are sent: max_tokens, or with a spread, uniform in
+    max_tokens +- spread from a seeded stream (every server of a comparison is sent the same lengths in the same
+    order). Real requests differ in length, and with one length a server that never drafts keeps its requests in
+    step: they finish at the same step and their successors are prefilled in one group, while a server whose steps
+    commit different tokens per row sees them finish one by one, each successor prefilled alone."""
+    if spread < 0 or spread >= max_tokens:
+        raise ValueError(f"the spread of request lengths must be in [0, {max_tokens}), got {spread}")
+    rng = random.Random(seed)
+    while True:
+        yield max_tokens + rng.randint(-spread, spread) if spread else max_tokens
 
 
 def _one_request(stream: Stream, text: str, max_tokens: int, timeout_s: float, clock, params: dict,

@@ -160,10 +160,16 @@ def _times(value) -> str:
 
 
 def served_runs(settings: dict) -> str:
-    """How long each served level ran: '20 s per level', or '3 runs of 20 s per mode and level'."""
+    """How long each served level ran and what its requests asked for: '20 s per level', or '3 runs of 20 s per mode
+    and level, requests of 48-80 tokens'."""
     rounds = settings.get("serving_rounds", 1)
     duration = f"{settings['duration_s']:g} s"
-    return f"{rounds} runs of {duration} per mode and level" if rounds > 1 else f"{duration} per level"
+    runs = f"{rounds} runs of {duration} per mode and level" if rounds > 1 else f"{duration} per level"
+    share = settings.get("served_length_spread", 0)  # (settings written before the spread existed: none)
+    spread = int(share * settings["max_new_tokens"]) if share else 0
+    if spread:
+        runs += f", requests of {settings['max_new_tokens'] - spread}-{settings['max_new_tokens'] + spread} tokens"
+    return runs
 
 
 def served_speedup(serving: dict, level: str, key: str = "speedup") -> str:

@@ -119,7 +119,8 @@ def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], lo
             for mode in list(servers) if turn % 2 == 0 else list(reversed(servers)):
                 url = servers[mode].config.grpc_url
                 runs[mode].append(run_level(lambda: GrpcStream(url), prompts, level, config.duration_s,
-                                            config.max_new_tokens, config.request_timeout_s, temperature=0.0))
+                                            config.max_new_tokens, config.request_timeout_s,
+                                            max_tokens_spread=config.served_length_spread_tokens, temperature=0.0))
             turn += 1
         for mode, server in servers.items():
             result = merged(runs[mode]).summary()

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                         help="concurrency levels (default: 1,4,16,32)")
     parser.add_argument("--duration", type=float, default=d.duration_s,
                         help="seconds per concurrency level (default: %(default)s)")
+    parser.add_argument("--length-spread", type=float, default=d.served_length_spread, metavar="SHARE",
+                        help="served requests ask for --max-new-tokens +- this share of it, a seeded sequence "
+                             "that every server is sent alike; 0: all the same length (default: %(default)s)")
     parser.add_argument("--serving-rounds", type=int, default=d.serving_rounds, metavar="R",
                         help="served runs of --duration per mode and level, the order of the modes alternating from "
                              "run to run; a level's figures are its runs together (default: %(default)s)")
@@ -87,7 +90,7 @@ def run(args) -> int:
         prompts_dir=args.prompts_dir, families=tuple(args.families),
         num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, block_sizes=tuple(args.block_sizes),
         chat=args.chat, num_threads=args.num_threads, serving=args.serving, concurrency=tuple(args.concurrency),
-        duration_s=args.duration, serving_rounds=args.serving_rounds, instances=args.instances,
+        duration_s=args.duration, served_length_spread=args.length_spread, serving_rounds=args.serving_rounds, instances=args.instances,
         min_user_tokens_per_s=args.min_user_tokens_per_s,
         sequential_baseline=args.sequential_baseline, plain_control=args.plain_control, tree_budget=args.tree_budget,
         multi_turn=args.multi_turn,

@@ -99,6 +99,48 @@ def test_an_unreachable_server_is_an_error_not_a_crash():
     assert summary["num_errors"] >= 1 and "ConnectionError" in summary["error_examples"][0]
 
 
+class RecordingStream:
+    """Answers a request with one chunk of all its max tokens at once, recording what it was asked (no waiting)."""
+
+    def __init__(self, clock, asked):
+        self.clock, self.asked = clock, asked
+
+    def chunks(self, text, max_tokens, timeout_s=0.0, **params):
+        self.asked.append((text, max_tokens))
+        self.clock.now += 1.0
+        yield {"text_output": "x" * max_tokens, "num_output_tokens": max_tokens}
+
+    def close(self):
+        pass
+
+
+def _asked(spread: int) -> list[tuple[str, int]]:
+    from types import SimpleNamespace
+
+    clock, asked = SimpleNamespace(now=0.0), []
+    run_level(lambda: RecordingStream(clock, asked), ["a", "b", "c"], concurrency=1, duration_s=40, max_tokens=64,
+              clock=lambda: clock.now, max_tokens_spread=spread)
+    return asked
+
+
+def test_request_lengths_spread_over_the_range_in_the_same_order_for_every_server():
+    asked = _asked(16)
+    lengths = [length for _, length in asked]
+    assert len(asked) == 40 and [text for text, _ in asked[:4]] == ["a", "b", "c", "a"]
+    assert all(48 <= length <= 80 for length in lengths) and len(set(lengths)) > 10
+    assert min(lengths) < 56 and max(lengths) > 72  # the range is used, not a corner of it
+    assert _asked(16) == asked  # a second server is sent the same requests
+    assert {length for _, length in _asked(0)} == {64}
+
+
+@pytest.mark.parametrize("spread", [-1, 64])
+def test_a_spread_outside_the_request_length_is_refused(spread):
+    from dflash_trt.benchmarks.loadgen import request_lengths
+
+    with pytest.raises(ValueError, match="spread of request lengths"):
+        next(request_lengths(64, spread))
+
+
 @pytest.mark.parametrize("q, expected", [(0, 1.0), (50, 2.5), (100, 4.0)])
 def test_percentile_interpolates(q, expected):
     assert percentile([4.0, 1.0, 3.0, 2.0], q) == expected

@@ -201,6 +201,8 @@ def test_the_served_tables_say_how_many_runs_each_level_took():
     assert served_runs({"duration_s": 20.0, "serving_rounds": 3}) == "3 runs of 20 s per mode and level"
     assert served_runs({"duration_s": 30.0, "serving_rounds": 1}) == "30 s per level"
     assert served_runs({"duration_s": 2.5}) == "2.5 s per level"  # settings written before rounds existed
+    assert served_runs({"duration_s": 20.0, "serving_rounds": 5, "max_new_tokens": 64, "served_length_spread": 0.25}
+                       ) == "5 runs of 20 s per mode and level, requests of 48-80 tokens"
 
 
 def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run):
@@ -218,7 +220,7 @@ def test_the_plain_control_is_reported_beside_the_speedup_when_it_ran(short_run)
         in lines
     summary = json.loads((short_run[1] / "summary.json").read_text())
     summary["serving"] = serving
-    summary["settings"].update(duration_s=20.0, instances=1, serving_rounds=2)
+    summary["settings"].update(duration_s=20.0, instances=1, serving_rounds=2, served_length_spread=0)
     page = results_page(summary, "dflash-trt bench-report --engine e", commit="abc1234")
     assert "gRPC streaming, 2 runs of 20 s per mode and level, 1 dflash instance(s)" in page
     assert "| plain-control | 1 | 40.0 |" in page and "plain / plain-control" in page
