@@ -67,6 +67,14 @@ def is_cancelled(result) -> bool:
     return "cancelled" in str(result).lower()
 
 
+def describe(result) -> str:
+    """A result or error as an assertion shows it (an InferenceServerException's repr is empty)."""
+    if isinstance(result, Exception):
+        status = getattr(result, "status", lambda: None)()
+        return f"{type(result).__name__}(status={status}, message={str(result)!r})"
+    return repr(result)
+
+
 def text_of(result) -> str:
     assert not isinstance(result, Exception), str(result)
     return result.as_numpy("text_output")[0].decode("utf-8")

@@ -11,7 +11,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from llmapi_client import LlmApiClient, is_cancelled, prompt_arrays, stop_arrays, text_of
+from llmapi_client import LlmApiClient, describe, is_cancelled, prompt_arrays, stop_arrays, text_of
 from triton_waits import metric_total, steps_until_idle, wait_for
 
 from dflash_trt.serving.client import generate
@@ -117,7 +117,7 @@ def test_a_stop_request_cancels_the_running_request_within_one_step(triton, llma
         _held_request(triton, llmapi, "long-1")
         llmapi.send(stop_arrays(), request_id="long-1")
         results = [llmapi.next(), llmapi.next()]  # the stop's answer and the cancelled request's
-        assert all(is_cancelled(r) for r in results), results
+        assert all(is_cancelled(r) for r in results), [describe(r) for r in results]
         assert steps_until_idle(triton, step_gate) <= 1
     wait_for(lambda: triton.log.count(CANCELLED_LOG) == logged + 1, "the cancellation logged")
     llmapi.send(prompt_arrays(PROMPT, MAX_TOKENS), request_id="after")
