@@ -51,7 +51,7 @@ class BenchConfig:
     @property
     def served_length_spread_tokens(self) -> int:
         """The spread of served requests' max tokens, in tokens."""
-        return int(self.served_length_spread * self.max_new_tokens)
+        return spread_tokens(self.served_length_spread, self.max_new_tokens)
 
     def validate(self) -> None:
         for name in ("num_prompts", "max_new_tokens", "instances", "multi_turn_conversations", "prefix_cache_bytes",
@@ -91,3 +91,8 @@ def resolve_block_sizes(requested: tuple[int, ...], max_block_size: int) -> tupl
     if too_large:
         raise DFlashError(f"block sizes {too_large} exceed the engine's block_size {max_block_size}")
     return tuple(sorted(set(requested)))
+
+
+def spread_tokens(share: float, max_new_tokens: int) -> int:
+    """A share of max_new_tokens as the spread of served requests' lengths, in tokens (whole tokens, rounded down)."""
+    return int(share * max_new_tokens)

@@ -18,6 +18,7 @@ import os
 import platform
 from pathlib import Path
 
+from dflash_trt.benchmarks.config import spread_tokens
 from dflash_trt.benchmarks.multi_turn import format_multi_turn
 from dflash_trt.benchmarks.stats import ratio_interval
 from dflash_trt.benchmarks.sweep import SweepResult
@@ -166,7 +167,7 @@ def served_runs(settings: dict) -> str:
     duration = f"{settings['duration_s']:g} s"
     runs = f"{rounds} runs of {duration} per mode and level" if rounds > 1 else f"{duration} per level"
     share = settings.get("served_length_spread", 0)  # (settings written before the spread existed: none)
-    spread = int(share * settings["max_new_tokens"]) if share else 0
+    spread = spread_tokens(share, settings["max_new_tokens"]) if share else 0
     if spread:
         runs += f", requests of {settings['max_new_tokens'] - spread}-{settings['max_new_tokens'] + spread} tokens"
     return runs
