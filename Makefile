@@ -49,6 +49,8 @@ BENCH_ARGS ?=
 RESULTS_ARGS ?=
 # Batching check: extra options of `dflash-trt check-batching` (e.g. --requests 40 --concurrency 8).
 CHECK_ARGS ?=
+# Loaded schedulers step by step: extra options of `dflash-trt bench-loaded` (e.g. --concurrency 4 --plain-control).
+LOADED_ARGS ?=
 # AIPerf through the OpenAI gateway: extra options (e.g. --concurrency 1,8 --request-count 32).
 AIPERF_ARGS ?=
 # vLLM CPU side by side with ours: extra options (e.g. --max-new-tokens 32 --batch-sizes 4 --batch1-prompts 4).
@@ -58,7 +60,7 @@ VLLM_ARGS ?=
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_CHECK_ARGS ?=
 
-.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench results check-batching drafter bench-aiperf bench-vllm bench-llamacpp gpu-check
+.PHONY: help setup test test-fast demo clean check-faults helm-check plugins engine repo serve bench results check-batching bench-loaded drafter bench-aiperf bench-vllm bench-llamacpp gpu-check
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -117,6 +119,9 @@ results: setup ## Measure the demo engine (in process and served, DFlash vs plai
 
 check-batching: setup ## Served in-flight batching against each request alone (500 at concurrency 16): [ENGINE=...] [CHECK_ARGS=...]
 	$(BIN)/dflash-trt check-batching --engine $(ENGINE) $(CHECK_ARGS)
+
+bench-loaded: setup ## DFlash vs plain under load in process, one step each in turn (4/16/32 in flight): [ENGINE=...] [OUT=out/bench-loaded.json] [LOADED_ARGS=...]
+	$(BIN)/dflash-trt bench-loaded --engine $(ENGINE) --out $(or $(OUT),out/bench-loaded.json) $(LOADED_ARGS)
 
 bench-aiperf: setup ## NVIDIA AIPerf on the OpenAI gateway (own venv .venv-aiperf): [ENGINE=engines/<name>] [OUT=out/aiperf] [AIPERF_ARGS=...]
 	$(BIN)/python -m dflash_trt.gateway.aiperf_bench --engine $(ENGINE) --out $(or $(OUT),out/aiperf) $(AIPERF_ARGS)

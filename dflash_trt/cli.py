@@ -12,8 +12,8 @@ import sys
 
 from dflash_trt.errors import DFlashError
 
-COMMANDS = ("generate", "bench", "bench_report", "check_batching", "demo", "engine", "plan", "repo", "serve", "openai",
-            "train_drafter")
+COMMANDS = ("generate", "bench", "bench_report", "bench_loaded", "check_batching", "demo", "engine", "plan", "repo",
+            "serve", "openai", "train_drafter")
 
 
 def build_parser() -> argparse.ArgumentParser:

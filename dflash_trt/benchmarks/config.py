@@ -31,7 +31,7 @@ class BenchConfig:
     # Served requests ask for max_new_tokens +- this share of it (a seeded sequence, the same for every server;
     # loadgen.request_lengths): real requests differ in length. 0: every request max_new_tokens.
     served_length_spread: float = 0.25
-    serving_rounds: int = 1  # served runs per mode and level, the order of the modes alternating from run to run
+    serving_rounds: int = 1  # served runs per mode and level, the order of the modes changing from round to round
     instances: int = 1  # dflash model instances of each served repository (each batches in flight)
     # "Throughput at fixed interactivity": the best total tok/s of a level where every request still got
     # at least this many tok/s of its own.

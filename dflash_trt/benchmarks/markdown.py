@@ -127,7 +127,7 @@ def _serving_section(serving: dict, settings: dict) -> list[str]:
         f"The ensemble over gRPC streaming, {served_runs(settings)}, "
         f"{settings['instances']} dflash instance(s) batching in flight; DFlash (adaptive block size) against "
         "the same repository serving plain decoding (block size 1), both servers up, loaded in turn level by level "
-        "(the order of the modes reversed from one run to the next). block = tokens verified per sequence and step "
+        "(the order of the modes changing from one round to the next). block = tokens verified per sequence and step "
         "(drafts + 1); plain = share of steps that drafted nothing.",
         "",
         "| mode | concurrency | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | slowest user tok/s "

@@ -4,7 +4,8 @@ plain decoding (repository block_size 1), both batched in flight, with the same 
 requests. Optionally a third time with DFlash one request at a time (max_batch_sequences 1), the unbatched baseline.
 
 The servers are up together and only one is loaded at a time: each level runs every mode in turn, the order
-reversed from one run to the next (DFlash then plain, then plain then DFlash, ...), so that a drift of a shared
+going through every permutation of the modes from one round to the next (DFlash then plain, then plain then DFlash,
+...; with a control server all six orders, so that none is always in the middle), so that a drift of a shared
 machine's load falls on every mode alike instead of on whichever ran last. With config.serving_rounds R > 1 each
 level does that R times, and a mode's figures at a level are its R runs together; each run lasts the full
 duration (splitting a duration into shorter runs would multiply the ramp-up and drain, which at 32 requests in
@@ -23,6 +24,7 @@ level at which every request still got at least min_user_tokens_per_s tok/s of i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -105,18 +107,18 @@ def _serve(config: BenchConfig, repo: Path, mode: str, prompts: list[str], log):
 def _load_interleaved(config: BenchConfig, servers: dict, prompts: list[str], log
                       ) -> tuple[dict, dict[str, dict[str, list[LoadLevel]]]]:
     """({mode: {level: summary}}, {mode: {level: [run of each round]}}): level by level, config.serving_rounds runs
-    per mode, the modes in turn and their order reversed from one run to the next (module docstring)."""
+    per mode, the modes in turn and their order changing from one round to the next (module docstring)."""
     from dflash_trt.serving.client import GrpcStream
     from dflash_trt.serving.metrics import DRAFTING_COUNTERS, drafting_figures, scrape_totals
 
     results: dict = {mode: {} for mode in servers}
     all_runs: dict[str, dict[str, list[LoadLevel]]] = {mode: {} for mode in servers}
-    turn = 0
+    turn, orders = 0, list(itertools.permutations(servers))
     for level in config.concurrency:
         runs: dict[str, list[LoadLevel]] = {mode: [] for mode in servers}
         before = {mode: scrape_totals(s.config.metrics_url, DRAFTING_COUNTERS) for mode, s in servers.items()}
         for _round in range(config.serving_rounds):
-            for mode in list(servers) if turn % 2 == 0 else list(reversed(servers)):
+            for mode in orders[turn % len(orders)]:
                 url = servers[mode].config.grpc_url
                 runs[mode].append(run_level(lambda: GrpcStream(url), prompts, level, config.duration_s,
                                             config.max_new_tokens, config.request_timeout_s,

@@ -38,8 +38,8 @@ def register(subparsers) -> None:
                         help="served requests ask for --max-new-tokens +- this share of it, a seeded sequence "
                              "that every server is sent alike; 0: all the same length (default: %(default)s)")
     parser.add_argument("--serving-rounds", type=int, default=d.serving_rounds, metavar="R",
-                        help="served runs of --duration per mode and level, the order of the modes alternating from "
-                             "run to run; a level's figures are its runs together (default: %(default)s)")
+                        help="served runs of --duration per mode and level, the order of the modes changing from "
+                             "round to round; a level's figures are its runs together (default: %(default)s)")
     parser.add_argument("--instances", type=int, default=d.instances,
                         help="dflash model instances per served repository, each batching in flight "
                              "(default: %(default)s)")

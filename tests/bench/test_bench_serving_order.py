@@ -1,6 +1,6 @@
-"""The served comparison loads one server at a time, level by level, the order of the modes reversed from one run to
-the next, so that a drift of the machine's load falls on every mode alike; with several rounds, a mode's runs at a
-level are reported together."""
+"""The served comparison loads one server at a time, level by level, the order of the modes changing from one round
+to the next (two modes: reversed), so that a drift of the machine's load falls on every mode alike; with several
+rounds, a mode's runs at a level are reported together."""
 
 from types import SimpleNamespace
 
@@ -72,9 +72,18 @@ def test_a_plain_control_server_takes_its_turn_and_its_rounds_pair_with_plains(m
     config = BenchConfig(concurrency=(4,), duration_s=15.0, serving_rounds=2, plain_control=True, out=tmp_path)
     _results, runs, calls = _load(monkeypatch, config, modes=("dflash", "plain", "plain-control"))
 
-    assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain-control", "plain-control", "plain", "dflash"]
-    # plain ran 2nd and 5th, plain-control 3rd and 4th.
-    assert serving.round_ratios(runs, "plain", "plain-control")["4"] == pytest.approx([20 / 30, 50 / 40])
+    assert [mode for mode, _, _ in calls] == ["dflash", "plain", "plain-control", "dflash", "plain-control", "plain"]
+    # plain ran 2nd and 6th, plain-control 3rd and 5th.
+    assert serving.round_ratios(runs, "plain", "plain-control")["4"] == pytest.approx([20 / 30, 60 / 50])
+
+
+def test_with_a_control_server_every_mode_takes_every_place_in_six_rounds(monkeypatch, tmp_path):
+    config = BenchConfig(concurrency=(4,), duration_s=15.0, serving_rounds=6, plain_control=True, out=tmp_path)
+    _results, _runs, calls = _load(monkeypatch, config, modes=("dflash", "plain", "plain-control"))
+    rounds = [tuple(mode for mode, _, _ in calls[i:i + 3]) for i in range(0, 18, 3)]
+    assert len(set(rounds)) == 6
+    for mode in ("dflash", "plain", "plain-control"):
+        assert sorted(r.index(mode) for r in rounds) == [0, 0, 1, 1, 2, 2]
 
 
 def test_the_plain_control_is_a_third_server_serving_plain_decoding(tmp_path):

@@ -567,3 +567,65 @@ def test_a_first_slow_plain_step_weighs_as_one_of_the_first_steps_not_longer():
     for _ in range(9):
         costs.observe(4, 0.005)
     assert costs.seconds[4] == pytest.approx((0.050 + 9 * 0.005) / 10)
+
+
+def _count_best(policy) -> list[int]:
+    """Wrap policy.best to count how often the best plan is worked out (one entry per call: the decision number)."""
+    calls, best = [], policy.best
+
+    def counted(batch_size, catch_up_rows=0):
+        calls.append(policy.decisions)
+        return best(batch_size, catch_up_rows)
+
+    policy.best = counted
+    return calls
+
+
+def test_plain_decoding_stands_for_recheck_every_decisions_unless_drafting_evidence_changes():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10**6, recheck_every=8)
+    for _ in range(20):  # drafting never pays at 4 rows: a 40 ms chain of 8 commits 1 token, a plain step 10 ms
+        policy.observe(4, StepPlan(8), 0.040, [0] * 4)
+        policy.observe(4, PLAIN, 0.010, [0] * 4)
+    calls = _count_best(policy)
+    for _ in range(32):
+        assert policy.choose(4) == PLAIN
+        policy.observe(4, PLAIN, 0.010, [0] * 4)
+    assert len(calls) == 4  # worked out at the 1st, 9th, 17th and 25th decision
+    policy.observe(4, StepPlan(8), 0.040, [0] * 4)  # a drafted step: the next decision works it out again
+    policy.choose(4)
+    assert len(calls) == 5
+    policy.observe_catch_up(64, 0.01)  # so does a catch-up
+    policy.choose(4, catch_up_rows=40)
+    assert len(calls) == 6
+    policy.choose(4, catch_up_rows=40)
+    policy.choose(4, catch_up_rows=64)  # a larger backlog makes drafting no cheaper: plain stands
+    assert len(calls) == 6
+    policy.choose(4, catch_up_rows=16)  # a smaller one may: worked out again
+    assert len(calls) == 7
+
+
+def test_a_rise_in_plain_cost_makes_drafting_win_within_recheck_every_decisions():
+    policy = AdaptiveBlockSize(2, explore_every=10**6, recheck_every=8)
+    for _ in range(50):
+        policy.observe(1, StepPlan(2), 0.030, [1])  # 2 tokens in 30 ms
+        policy.observe(1, PLAIN, 0.010, [0])  # 1 token in 10 ms: plain is best
+    policy.acceptance.observe(2, [1] * 200)
+    assert policy.choose(1) == PLAIN
+    chosen = []
+    for _ in range(40):  # plain steps become dear (40 ms): drafting wins
+        policy.observe(1, PLAIN, 0.040, [0])
+        chosen.append(policy.choose(1))
+    assert StepPlan(2) in chosen[:30]
+    # A policy working the best plan out at every decision switches at the same step as soon as
+    # its estimate crosses; the hold adds at most recheck_every - 1 decisions to that.
+    every = AdaptiveBlockSize(2, explore_every=10**6, recheck_every=1)
+    for _ in range(50):
+        every.observe(1, StepPlan(2), 0.030, [1])
+        every.observe(1, PLAIN, 0.010, [0])
+    every.acceptance.observe(2, [1] * 200)
+    every.choose(1)
+    switched = []
+    for _ in range(40):
+        every.observe(1, PLAIN, 0.040, [0])
+        switched.append(every.choose(1))
+    assert 0 <= chosen.index(StepPlan(2)) - switched.index(StepPlan(2)) < 8
