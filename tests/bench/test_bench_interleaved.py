@@ -18,10 +18,13 @@ class FakeScheduler:
     """Commits `tokens_per_step` tokens to every running request per step; a request ends after `length` steps.
     Every step is written to the shared `order` (the turns taken)."""
 
-    def __init__(self, name: str, order: list, tokens_per_step: int = 1, length: int = 3):
+    def __init__(self, name: str, order: list, tokens_per_step: int = 1, length: int = 3, clock=None,
+                 step_s: float = 0.0):
         self.name, self.order, self.tokens_per_step, self.length = name, order, tokens_per_step, length
+        self.clock, self.step_s = clock, step_s  # a fake clock that each step moves by step_s
         self.running: dict[int, int] = {}  # request id -> steps taken
         self.added: list = []
+        self.excluded: list[float] = []
         self.policy = type("Policy", (), {"steps_run": Counter()})()
 
     def add_request(self, prompt, params):
@@ -30,8 +33,13 @@ class FakeScheduler:
         self.running[request_id] = 0
         return request_id
 
+    def exclude_time(self, seconds):
+        self.excluded.append(seconds)
+
     def step(self):
         self.order.append(self.name)
+        if self.clock is not None:
+            self.clock.now += self.step_s
         outputs = []
         for request_id in list(self.running):
             self.running[request_id] += 1
@@ -42,11 +50,12 @@ class FakeScheduler:
         return outputs
 
 
-def _runs(order, names=(DFLASH, PLAIN), windows=2, **kwargs) -> dict[str, ModeRun]:
+def _runs(order, names=(DFLASH, PLAIN), windows=2, step_s=None, **kwargs) -> dict[str, ModeRun]:
     prompts = [[1, 2], [3], [4, 5, 6]]
     runs = {}
     for name in names:
-        run = ModeRun(FakeScheduler(name, order, **kwargs), request_sequence(prompts, 10, 3), windows)
+        seconds = (step_s or {}).get(name, 0.0)
+        run = ModeRun(FakeScheduler(name, order, step_s=seconds, **kwargs), request_sequence(prompts, 10, 3), windows)
         for _ in range(2):
             run.add_next_request()
         runs[name] = run
@@ -103,6 +112,26 @@ def test_a_request_whose_tokens_differ_between_modes_is_reported():
     runs2[DFLASH].outputs[running] = [7, 7, 7]
     runs2[DFLASH].finished.discard(running)
     assert summarize(runs2, concurrency=2)["identical"]
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_each_mode_is_timed_by_its_own_steps_and_excludes_the_others(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(interleaved, "time", clock)
+    runs = _runs([], windows=1, step_s={DFLASH: 2.0, PLAIN: 3.0}, clock=clock)
+    take_turns(runs, steps=4, warmup_steps=0, windows=1)  # D P, P D, D P, P D
+    assert runs[DFLASH].seconds == 8.0 and runs[PLAIN].seconds == 12.0
+    # Before each step but its first, a mode tells its scheduler how long the other's steps took since its last one
+    # (not its overhead): D waited for two of P's steps, for none of them (its two in a row), then for two again.
+    assert runs[DFLASH].scheduler.excluded == [6.0, 0.0, 6.0]
+    assert runs[PLAIN].scheduler.excluded == [0.0, 4.0, 0.0]
 
 
 def test_too_few_steps_for_the_windows_are_refused():

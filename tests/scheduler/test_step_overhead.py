@@ -125,3 +125,33 @@ def test_a_per_step_overhead_turns_a_chain_that_ties_with_plain_into_one_that_pa
         policy.observe_overhead(1, 0.0015)
     assert policy.cost(1, PLAIN) == pytest.approx(0.0051) and policy.cost(1, StepPlan(4)) == pytest.approx(0.0079)
     assert policy.best(1) == StepPlan(4)
+
+
+class _FakeClock:
+    """Stands in for the scheduler module's `time`: perf_counter() is `now`, moved by the test only."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_time_the_caller_excludes_is_not_overhead(monkeypatch):
+    """Another scheduler's steps in the same thread (benchmarks/interleaved.py) are not this one's overhead."""
+    from dflash_trt.decoding.scheduler import scheduler as scheduler_module
+
+    clock = _FakeClock()
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    model = make_tiny_target("llama", seed=1)
+    target, drafter = TargetModel(model), make_tiny_drafter(model.config, block_size=4)
+    policy = RecordingPolicy()
+    scheduler = Scheduler(target, drafter, 4, policy=policy)
+    scheduler.add_request([3, 4, 5, 6, 7], SamplingParams(max_new_tokens=30))
+    for _ in range(12):
+        scheduler.step()
+        clock.now += 1.0  # the caller's own work between steps: overhead
+        clock.now += 50.0  # another scheduler's steps
+        scheduler.exclude_time(50.0)
+    overheads = [seconds for event, *rest in policy.events if event == "overhead" for seconds in rest[1:]]
+    assert len(overheads) >= 8 and all(seconds == pytest.approx(1.0) for seconds in overheads)

@@ -220,6 +220,13 @@ class Scheduler:
                 self._requests.pop(out.index, None)
         return outputs
 
+    def exclude_time(self, seconds: float) -> None:
+        """Leave out `seconds` that passed outside this scheduler's work and its caller's (another scheduler's steps
+        in the same thread, benchmarks/interleaved.py) from the time between two decoding steps, which the policy
+        counts as the overhead every step carries (policy.observe_overhead)."""
+        if self._decoded_at is not None:
+            self._decoded_at += seconds
+
     # -- the pieces of a step -------------------------------------------------------------------------
     def _decode(self, batch: RunningBatch, first_plan: StepPlan | None = None) -> list[StepOutput]:
         """A decoding step of `batch`; first_plan: the plan of a newcomer group's first step (_first_step_plan),
