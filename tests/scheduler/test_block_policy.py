@@ -629,3 +629,23 @@ def test_a_rise_in_plain_cost_makes_drafting_win_within_recheck_every_decisions(
         every.observe(1, PLAIN, 0.040, [0])
         switched.append(every.choose(1))
     assert 0 <= chosen.index(StepPlan(2)) - switched.index(StepPlan(2)) < 8
+
+
+def test_an_exploration_the_budget_refuses_is_not_reconsidered_for_recheck_every_decisions():
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=10, explore_share=0.0, recheck_every=8)  # no budget at all
+    for _ in range(20):
+        policy.observe(4, StepPlan(8), 0.040, [0] * 4)
+        policy.observe(4, PLAIN, 0.010, [0] * 4)
+    asked, may_explore = [], policy._may_explore
+
+    def counted(*args):
+        asked.append(policy.decisions)
+        return may_explore(*args)
+
+    policy._may_explore = counted
+    for _ in range(80):
+        assert policy.choose(4) == PLAIN
+        policy.observe(4, PLAIN, 0.010, [0] * 4)
+    assert policy.explorations == 0
+    assert 8 <= len(asked) <= 11  # every 8th decision once the interval has passed, not at every one
+    assert all(b - a >= 8 for a, b in zip(asked, asked[1:]))

@@ -40,7 +40,8 @@ tokens per second for the current batch size B:
   within 25% of its token count, e.g. only at a much smaller batch) gets one plain step before drafting is
   preferred there, since extrapolating from a small batch overstates a plain step's cost; then at most every
   `explore_every`-th decision, and only while exploration's cost beyond the best plan's steps (the catch-ups it
-  causes included) stays within `explore_share` of the recent measured time, it tries another plan: decoding plain,
+  causes included) stays within `explore_share` of the recent measured time (a refusal stands for `recheck_every`
+  decisions), it tries another plan: decoding plain,
   the best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and
   plain. "Recent": both sums decay with a half-life of `explore_window_s` seconds of steps, so that the headroom a
   long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than the best
@@ -441,6 +442,7 @@ class AdaptiveBlockSize:
         # Per batch size where plain decoding was the best plan: (the drafted evidence it was worked out from, the
         # backlog then, the decision until which it stands), _best_plan.
         self._plain_held: dict[int, tuple[tuple[int, int], int, int]] = {}
+        self._explore_refused_until = 0  # the decision before which an exploration is not considered again
 
     def cost(self, batch_size: int, plan: StepPlan, catch_up_rows: int = 0) -> float | None:
         """Seconds one step of `plan` adds to the batch's time: the step's own (_step_seconds) and the overhead
@@ -563,6 +565,8 @@ class AdaptiveBlockSize:
             return PLAIN  # plain decoding's cost at this batch size is a guess: measure it before drafting wins
         if self.decisions - self.last_explored < self._explore_interval(batch_size, best):
             return best  # (checked first: choosing the plan to explore costs more than the choice itself)
+        if self.decisions < self._explore_refused_until:
+            return best
         neighbour = self._neighbour(best, batch_size, catch_up_rows)
         if neighbour is not None and self._may_explore(batch_size, neighbour, best, catch_up_rows):
             self.explorations += 1
@@ -570,6 +574,10 @@ class AdaptiveBlockSize:
             self._exploring, self._baseline = neighbour, self._step_seconds(batch_size, best) or 0.0
             self._exploring_from_plain = best.block_size == 1
             return neighbour
+        # Refused (the budget is spent, or there is nothing to explore): asked again only after recheck_every
+        # decisions. Once the interval has passed, a loaded server whose budget a long catch-up used up would
+        # otherwise work out the neighbour and its cost at every step until the budget recovers.
+        self._explore_refused_until = self.decisions + self.recheck_every
         return best
 
     def _best_plan(self, batch_size: int, catch_up_rows: int) -> StepPlan:
