@@ -16,7 +16,7 @@ def register(subparsers) -> None:
         description="At each concurrency, a DFlash scheduler (the adaptive policy, as served) and a plain one keep "
                     "that many greedy requests in flight (each finished request replaced at once, the same request "
                     "sequence for both) and take one step each in turn: a shared machine's drift falls on both "
-                    "within milliseconds, so the ratio resolves a fraction of a percent. Prints one line per level.")
+                    "within milliseconds (two plain schedulers agree within about 1%). Prints one line per level.")
     parser.add_argument("--engine", type=Path, default=REPO_ROOT / "engines" / "smollm2-135m",
                         help="engine directory (default: %(default)s)")
     parser.add_argument("--prompts-dir", type=Path, default=PROMPTS_DIR,
