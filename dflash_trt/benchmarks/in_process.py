@@ -124,9 +124,14 @@ def run_benchmark(target, drafter, prompts: list[list[int]], params: SamplingPar
         if progress is not None:
             progress(index + 1, len(prompts), report)
     if policy is not None:
-        report.plans = {_plan_name(plan): count for plan, count in sorted(
-            policy.steps_run.items(), key=lambda item: (item[0].verified_tokens, item[0].tree_budget or 0))}
+        report.plans = plan_mix(policy.steps_run)
     return report
+
+
+def plan_mix(steps_run) -> dict[str, int]:
+    """Steps a policy ran per plan ("plain", "chain S", "tree B"), ordered by tokens verified per sequence."""
+    return {_plan_name(plan): count for plan, count in sorted(
+        steps_run.items(), key=lambda item: (item[0].verified_tokens, item[0].tree_budget or 0))}
 
 
 def _plan_name(plan) -> str:

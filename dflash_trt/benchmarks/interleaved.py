@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from dflash_trt.benchmarks.in_process import plan_mix
 from dflash_trt.benchmarks.loadgen import request_lengths
 from dflash_trt.benchmarks.stats import ratio_interval
 from dflash_trt.errors import DFlashError
@@ -148,7 +148,7 @@ def summarize(runs: dict[str, ModeRun], concurrency: int) -> dict:
               "tokens": {mode: run.tokens for mode, run in runs.items()},
               "speedup": _ratio(dflash.tokens_per_s, plain.tokens_per_s),
               "speedup_interval": _interval(dflash, plain),
-              "plans": _plans(dflash.scheduler)}
+              "plans": plan_mix(dflash.scheduler.policy.steps_run)}  # warm-up included
     result["compared"], result["identical"] = _compared(runs)
     if CONTROL in runs:
         result["control"] = _ratio(plain.tokens_per_s, runs[CONTROL].tokens_per_s)
@@ -162,13 +162,6 @@ def _ratio(a: float, b: float) -> float | None:
 
 def _interval(run: ModeRun, baseline: ModeRun) -> tuple[float, float] | None:
     return ratio_interval([_ratio(a, b) for a, b in zip(run.window_rates(), baseline.window_rates())])
-
-
-def _plans(scheduler) -> dict[str, int]:
-    """Steps of each plan the DFlash policy ran (warm-up included): "1" plain, "S" a chain of S, "S/B" a tree."""
-    steps: Counter = getattr(scheduler.policy, "steps_run", Counter())
-    return {(f"{plan.block_size}/{plan.tree_budget}" if plan.tree_budget else str(plan.block_size)): count
-            for plan, count in sorted(steps.items(), key=lambda item: item[0].verified_tokens)}
 
 
 def _compared(runs: dict[str, ModeRun]) -> tuple[int, bool]:

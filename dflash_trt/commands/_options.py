@@ -18,6 +18,11 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def name_list(text: str) -> tuple[str, ...]:
+    """Parse 'a, b,c' into ('a', 'b', 'c')."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model: Hugging Face directory or .gguf file")
     parser.add_argument("--drafter", help="DFlash drafter directory (omit for plain autoregressive decoding)")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dflash_trt.benchmarks.config import PROMPTS_DIR, REPO_ROOT, spread_tokens
-from dflash_trt.commands._options import int_list
+from dflash_trt.commands._options import int_list, name_list
 
 
 def register(subparsers) -> None:
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
                         help="engine directory (default: %(default)s)")
     parser.add_argument("--prompts-dir", type=Path, default=PROMPTS_DIR,
                         help="held-out prompt sets, <dir>/<family>/heldout.jsonl (default: %(default)s)")
-    parser.add_argument("--families", type=_names, default=(), help="comma-separated (default: all)")
+    parser.add_argument("--families", type=name_list, default=(), help="comma-separated (default: all)")
     parser.add_argument("--num-prompts", type=int, default=4, help="per family (default: %(default)s)")
     parser.add_argument("--no-chat", dest="chat", action="store_false",
                         help="feed prompts verbatim instead of through the tokenizer's chat template")
@@ -47,10 +47,6 @@ def register(subparsers) -> None:
                              "on 2 cores; 0: torch's choice)")
     parser.add_argument("--out", type=Path, metavar="FILE.json", help="also write the figures as JSON")
     parser.set_defaults(func=run)
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def run(args) -> int:

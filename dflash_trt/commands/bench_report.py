@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_trt.benchmarks.config import BenchConfig
-from dflash_trt.commands._options import int_list
+from dflash_trt.commands._options import int_list, name_list
 
 
 def register(subparsers) -> None:
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", type=Path, default=d.out, help="output directory (default: %(default)s)")
     parser.add_argument("--prompts-dir", type=Path, default=d.prompts_dir,
                         help="held-out prompt sets, <dir>/<family>/heldout.jsonl (default: %(default)s)")
-    parser.add_argument("--families", type=_names, default=d.families, help="comma-separated (default: all)")
+    parser.add_argument("--families", type=name_list, default=d.families, help="comma-separated (default: all)")
     parser.add_argument("--num-prompts", type=int, default=d.num_prompts, help="per family (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
     parser.add_argument("--block-sizes", type=int_list, default=d.block_sizes,
@@ -71,10 +71,6 @@ def register(subparsers) -> None:
                         help="also rewrite the headline results table between the results markers of this file "
                              "(`make results` updates README.md this way)")
     parser.set_defaults(func=run)
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def run(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_trt.benchmarks.batching_check import REFERENCES, CheckConfig
+from dflash_trt.commands._options import name_list
 
 
 def register(subparsers) -> None:
@@ -26,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="draws prompts and max_tokens (default: %(default)s)")
     parser.add_argument("--prompts-dir", type=Path, default=d.prompts_dir,
                         help="held-out prompt sets, <dir>/<family>/heldout.jsonl (default: %(default)s)")
-    parser.add_argument("--families", type=_names, default=d.families, help="comma-separated (default: all)")
+    parser.add_argument("--families", type=name_list, default=d.families, help="comma-separated (default: all)")
     parser.add_argument("--no-chat", dest="chat", action="store_false",
                         help="prompts verbatim (a --url server rendered with --chat-template none)")
     parser.add_argument("--reference", choices=REFERENCES, default=d.reference,
@@ -39,10 +40,6 @@ def register(subparsers) -> None:
                         help="of the served repository (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=d.out, help="where the server log goes (default: %(default)s)")
     parser.set_defaults(func=run)
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def run(args) -> int:
