@@ -363,6 +363,20 @@ def test_exploring_from_plain_tries_the_drafted_plan_drafting_would_resume_with(
     assert policy.choose(4) == best_drafted and policy._exploring == best_drafted
 
 
+def test_exploring_from_plain_where_no_chain_ran_probes_the_shortest_chain():
+    """At a batch size where no chain ran, every chain's cost is a bound from smaller batches, the same whatever its
+    length, so the longest chain looks best; probing it is the dearest step there is (16 rows x 8 tokens). The probe
+    is the shortest chain; once one ran there, explorations go by value again."""
+    policy = AdaptiveBlockSize(MAX_BLOCK, explore_every=1, explore_share=1.0)
+    policy.observe(4, StepPlan(MAX_BLOCK), 0.030, [2] * 4)  # measured only at 4 rows
+    policy.observe(16, PLAIN, 0.035, [0] * 16)
+    values = policy._values(16)
+    assert max((plan for plan in values if plan != PLAIN), key=values.get) == StepPlan(MAX_BLOCK)
+    assert policy.choose(16) == StepPlan(2) and policy._exploring == StepPlan(2)
+    policy.observe(16, StepPlan(2), 0.065, [1] * 16)
+    assert policy.choose(16) == StepPlan(2)  # by value now: chain 2 is worth the most
+
+
 def test_a_catch_up_is_charged_to_drafting_after_plain_steps():
     policy = AdaptiveBlockSize(2, explore_every=10**6)
     for _ in range(10):

@@ -132,7 +132,7 @@ def test_pending_features_equal_concatenated_rows_through_appends_reorders_and_m
         for row, count in enumerate(counts):
             expected[row] += list(new[row, :count])
         if step == 4:  # a row leaves, the last one takes its place
-            pending.select([0, 2], torch.tensor([0, 2]))
+            pending.select([0, 2])
             expected = [expected[0], expected[2]]
         if step == 7:  # newcomers join with their prompts' features
             prompts = torch.randn(2, 6, 5, generator=generator)

@@ -70,8 +70,31 @@ def test_running_batch_stays_within_its_limits(pair, max_batch, max_kv):
         if rows and max_kv is not None:
             assert len(rows) * max(r.reserved_tokens for r in rows) <= max_kv
             assert scheduler.running.width <= max(r.reserved_tokens for r in rows)
-            assert scheduler.running.draft_cache.k[0].shape[2] <= max(r.reserved_tokens for r in rows)
     assert finished == 2 * len(prompts) and peak >= 3
+    # (the drafter's capacity is trimmed when it drafts: the next test)
+
+
+def test_a_batch_decoding_plain_leaves_the_drafters_buffers_alone_until_it_drafts_again(pair):
+    """Rows that leave a batch decoding plain do not shrink the drafter's context cache (newcomers would grow it
+    again: a reallocation per request on a loaded server); the next draft call gives back what no row can reach."""
+    target, drafter, prompts, _ = pair
+    scheduler = Scheduler(target, drafter, 8, SchedulerLimits(max_batch_size=4, prefill_chunk_tokens=None),
+                          FixedBlockSize(8))
+    for i, length in enumerate([30, 60, 60, 60]):
+        scheduler.add_request(prompts[i][:20], SamplingParams(max_new_tokens=length), request_id=i)
+    while scheduler.num_running < 4:
+        scheduler.step()
+    scheduler.step()  # a drafted step of the four rows: the drafter's buffers are allocated
+    batch = scheduler.running
+    buffer, capacity = batch.draft_cache._k[0], batch.draft_cache.capacity
+    scheduler.policy = FixedBlockSize(1)
+    for i in (1, 2, 3):  # the rows of the longest reservations leave, one per plain step
+        scheduler.abort(i)
+        scheduler.step()
+    assert len(batch) == 1 and batch.draft_cache._k[0] is buffer and batch.draft_cache.capacity == capacity
+    scheduler.policy = FixedBlockSize(8)
+    scheduler.step()
+    assert batch.draft_cache.capacity == batch.requests[0].reserved_tokens < capacity
 
 
 def test_is_full_holds_new_requests_back(pair):

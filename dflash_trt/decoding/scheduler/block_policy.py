@@ -41,11 +41,11 @@ tokens per second for the current batch size B:
   preferred there, since extrapolating from a small batch overstates a plain step's cost; then at most every
   `explore_every`-th decision, and only while exploration's cost beyond the best plan's steps (the catch-ups it
   causes included) stays within `explore_share` of the recent measured time (a refusal stands for `recheck_every`
-  decisions), it tries another plan: decoding plain,
-  the best drafted plan; drafting, in turn the next plan above the best (by tokens verified), the one below, and
-  plain. "Recent": both sums decay with a half-life of `explore_window_s` seconds of steps, so that the headroom a
-  long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than the best
-  plan) is not spent in a burst when the load rises and every exploration means a catch-up of the whole batch.
+  decisions), it tries another plan: decoding plain, the best drafted plan (where no chain ran at that batch size,
+  the shortest: the cheapest probe); drafting, in turn the next plan above the best (by tokens verified), the one
+  below, and plain. "Recent": both sums decay with a half-life of `explore_window_s` seconds of steps, so that the
+  headroom a long stretch of cheap exploration leaves (one request in flight: its neighbours cost little more than
+  the best plan) is not spent in a burst when the load rises and every exploration means a catch-up of the whole batch.
   Decoding plain, each exploration in a row after which every drafted plan is still worth less than plain decoding
   at that batch size (margin aside) doubles the decisions until the next one there and at every larger batch size
   (up to 16x explore_every; more rows make drafting no cheaper): a loaded server that drafting does not pay for
@@ -606,13 +606,20 @@ class AdaptiveBlockSize:
 
     def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
         """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
-        is the question, and the plan it would resume with is the one whose estimate matters). Drafting: in turn the
+        is the question, and the plan it would resume with is the one whose estimate matters), or the shortest chain
+        where none ran at this batch size. Drafting: in turn the
         plan next above `best` by tokens verified, the one next below, and plain decoding."""
         if len(self.plans) < 2:
             return None
         if best.block_size == 1:
-            values = self._values(batch_size, catch_up_rows)
             drafted = [plan for plan in self.plans if plan.block_size > 1]
+            if batch_size not in self.drafted.by_batch:
+                # No chain ran at this batch size: every drafted cost is a bound from other sizes, the same for chains
+                # of any length (BatchStepCosts), so the longest would look best, and probing it is the dearest step:
+                # at 16 rows on the demo pair a chain of 8 took 237 ms, seven plain steps. The shortest chain is the
+                # cheapest probe; once a chain ran there, explorations go by value again.
+                return min(drafted, key=lambda plan: (plan.verified_tokens, plan.tree_budget))
+            values = self._values(batch_size, catch_up_rows)
             return max(drafted, key=lambda plan: (values.get(plan, 0.0), -plan.verified_tokens))
         turn = self.explorations % 3
         if turn == 2 and PLAIN in self.plans:

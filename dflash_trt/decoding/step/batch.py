@@ -93,15 +93,19 @@ class PendingFeatures:
     of one tensor (a batch that drafted the step before, or a fresh prefill)."""
 
     def __init__(self, features: torch.Tensor | None, lens: torch.Tensor):
-        self.lens = lens  # [B] pending rows per batch row (on the batch's device)
+        self.device = lens.device  # the batch's
         counts = lens.tolist()
         # parts[b]: (tensor [*, N, F], its row, rows taken from its start), in context order.
         self.parts: list[list[tuple[torch.Tensor, int, int]]] = [
             [(features, b, n)] if features is not None and n else [] for b, n in enumerate(counts)]
-        self.counts = counts if features is not None else [0] * len(counts)
-        if features is None:
-            self.lens = torch.zeros_like(lens)
+        self.counts = counts if features is not None else [0] * len(counts)  # pending rows per batch row
         self.empty = None if features is None else features[:, :0]  # what rows() returns with nothing pending
+
+    @property
+    def lens(self) -> torch.Tensor:
+        """[B] pending rows per batch row, on the batch's device. Built when a draft call reads it, not kept up to date
+        on every step: a plain step of a loaded batch would pay a host-to-device copy for nothing."""
+        return torch.tensor(self.counts, dtype=torch.int64, device=self.device)
 
     @property
     def width(self) -> int:
@@ -115,21 +119,17 @@ class PendingFeatures:
             if count:
                 self.parts[row].append((new, row, count))
                 self.counts[row] += count
-        self.lens = self.lens + torch.tensor(new_counts, dtype=self.lens.dtype, device=self.lens.device)
 
-    def select(self, rows: list[int], index: torch.Tensor) -> None:
+    def select(self, rows: list[int]) -> None:
         self.parts = [self.parts[r] for r in rows]
         self.counts = [self.counts[r] for r in rows]
-        self.lens = self.lens[index]
 
     def merge(self, other: "PendingFeatures") -> None:
         self.parts, self.counts = self.parts + other.parts, self.counts + other.counts
-        self.lens = torch.cat((self.lens, other.lens))
 
     def clear(self) -> None:
         self.parts = [[] for _ in self.parts]
         self.counts = [0] * len(self.counts)
-        self.lens = torch.zeros_like(self.lens)
 
     def rows(self) -> torch.Tensor | None:
         """[B, width, F]: row b's pending features left-aligned (columns past its count: zeros or other rows,
@@ -194,7 +194,7 @@ class RunningBatch:
         self.requests = [self.requests[r] for r in rows]
         self.cache.select(rows)
         self.last_token = self.last_token[index]
-        self.pending.select(rows, index)
+        self.pending.select(rows)
         if self.draft_cache is not None:
             self.draft_cache.select(index)
         self.trim()
@@ -206,13 +206,18 @@ class RunningBatch:
             self.select(fill_from_the_end(active))
 
     def trim(self) -> None:
-        """Give back KV capacity no remaining row can reach (target and drafter)."""
-        if not self.requests:
-            return
-        longest = max(r.reserved_tokens for r in self.requests)
-        self.cache.release(longest)
-        if self.draft_cache is not None:
-            self.draft_cache.shrink(longest)
+        """Give back the target's KV capacity no remaining row can reach. The drafter's is given back before the drafter
+        next runs (trim_draft_cache): while the batch decodes plain nothing reads it, and shrinking it as long rows
+        leave, then growing it as newcomers join, moved its buffers back and forth at every request on a loaded server
+        that had drafted once."""
+        if self.requests:
+            self.cache.release(max(r.reserved_tokens for r in self.requests))
+
+    def trim_draft_cache(self) -> None:
+        """Give back the drafter's context capacity no remaining row can reach (a runtime that attends over all of it,
+        onnx, then computes no more than the rows need)."""
+        if self.draft_cache is not None and self.requests:
+            self.draft_cache.shrink(max(r.reserved_tokens for r in self.requests))
 
     def plan_room(self, room: Room) -> None:
         """What the target's KV cache makes room for when it must grow (BatchKVCache.plan_room)."""

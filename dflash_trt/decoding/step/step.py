@@ -80,6 +80,7 @@ def draft_block(target: Target, drafter, batch: RunningBatch, block_size: int,
     if block_lens is None:
         block_lens = torch.full((len(batch),), block_size, dtype=torch.long, device=block.device)
     sampling = [(r.params.temperature, r.generator) for r in batch.requests]
+    batch.trim_draft_cache()
     features, ctx_lens = batch.take_pending_features()
     proposal = acceptance.propose(drafter, target, block, features, ctx_lens, batch.draft_cache, block_lens, sampling,
                                   top_k)
