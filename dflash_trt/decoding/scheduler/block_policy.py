@@ -607,8 +607,8 @@ class AdaptiveBlockSize:
     def _neighbour(self, best: StepPlan, batch_size: int, catch_up_rows: int) -> StepPlan | None:
         """The plan to explore instead of `best`. Decoding plain: the best drafted plan (whether drafting pays again
         is the question, and the plan it would resume with is the one whose estimate matters), or the shortest chain
-        where none ran at this batch size. Drafting: in turn the
-        plan next above `best` by tokens verified, the one next below, and plain decoding."""
+        where none ran at this batch size. Drafting: in turn the plan next above `best` by tokens verified, the one next
+        below, and plain decoding."""
         if len(self.plans) < 2:
             return None
         if best.block_size == 1:
